@@ -1,0 +1,1 @@
+"""The one decoding loop and its sampling rules."""

@@ -1,0 +1,117 @@
+"""Text in, text out: prompt rendering, streaming detokenization, stop strings and timing
+around the decoding loop."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator, Sequence
+from dataclasses import asdict, dataclass
+
+from eaglespec.decoding.loop import DecodeStats, check_prompt, decode
+from eaglespec.decoding.sampling import SamplingParams
+from eaglespec.errors import InvalidArgumentError
+from eaglespec.models.load import Target
+
+
+@dataclass
+class GenerationOutput:
+    text: str
+    token_ids: list[int]  # new tokens only, EOS included when generation ended on it
+    new_tokens: int
+    target_forwards: int  # verification forwards, prefill excluded
+    tau: float
+    seconds: float  # prefill + decoding, not loading
+    tokens_per_s: float
+    prompt_tokens: int
+    finish_reason: str
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+
+def prompt_ids(target: Target, prompt: str, chat: bool) -> list[int]:
+    """Raw text is tokenized as transformers does by default; `chat` renders one user turn."""
+    tokenizer = target.tokenizer
+    if not chat:
+        return tokenizer(prompt)["input_ids"]
+    if not tokenizer.chat_template:
+        raise InvalidArgumentError(f"{target.name} has no chat template; drop --chat to use raw text")
+    text = tokenizer.apply_chat_template(
+        [{"role": "user", "content": prompt}], tokenize=False, add_generation_prompt=True
+    )
+    return tokenizer(text, add_special_tokens=False)["input_ids"]
+
+
+class Generation:
+    """Iterate to stream text deltas as they are produced; `output` is set when done.
+
+    Arguments follow transformers' `generate` names; temperature 0 is greedy decoding.
+    Checks its arguments on construction, so bad input fails before any work.
+    """
+
+    def __init__(self, target: Target, prompt: str | list[int], *, chat: bool = False,
+                 max_new_tokens: int = 128, temperature: float = 0.0, top_p: float = 1.0,
+                 top_k: int = 0, seed: int | None = None, stop_strings: Sequence[str] = (),
+                 ignore_eos: bool = False):
+        self.params = SamplingParams(temperature=temperature, top_p=top_p, top_k=top_k, seed=seed)
+        if max_new_tokens < 1:
+            raise InvalidArgumentError(f"max_new_tokens must be >= 1, got {max_new_tokens}")
+        self.target = target
+        self.ids = prompt if isinstance(prompt, list) else prompt_ids(target, prompt, chat)
+        check_prompt(target.model, self.ids)
+        self.max_new_tokens = max_new_tokens
+        self.stop = [s for s in stop_strings if s]
+        self.eos = frozenset() if ignore_eos else target.eos_token_ids
+        self.output: GenerationOutput | None = None
+
+    def _decode(self, ids: list[int]) -> str:
+        return self.target.tokenizer.decode(ids, skip_special_tokens=True)
+
+    def _stop_at(self, text: str) -> int | None:
+        hits = [i for i in (text.find(s) for s in self.stop) if i >= 0]
+        return min(hits) if hits else None
+
+    def __iter__(self) -> Iterator[str]:
+        stats = DecodeStats()
+        tokens: list[int] = []
+        text, emitted = "", 0
+        hold = max((len(s) for s in self.stop), default=1) - 1  # a stop string may be forming
+        start = time.perf_counter()
+        rounds = decode(self.target.model, self.ids, self.params, self.max_new_tokens, self.eos, stats)
+        for accepted in rounds:
+            before = len(tokens)
+            tokens.extend(accepted)
+            text = self._decode(tokens)
+            cut = self._stop_at(text)
+            if cut is not None:
+                # keep the fewest tokens of this round that complete the stop string
+                while len(tokens) > before + 1 and self._stop_at(self._decode(tokens[:-1])) is not None:
+                    tokens.pop()
+                text = text[:cut]
+                stats.finish_reason = "stop"
+                stats.new_tokens = len(tokens)
+                rounds.close()
+                break
+            safe = len(text) - hold
+            while safe > emitted and text[safe - 1] == "\ufffd":  # an incomplete UTF-8 sequence
+                safe -= 1
+            if safe > emitted:
+                yield text[emitted:safe]
+                emitted = safe
+        seconds = time.perf_counter() - start
+        if len(text) > emitted:
+            yield text[emitted:]
+        self.output = GenerationOutput(
+            text=text, token_ids=tokens, new_tokens=len(tokens), target_forwards=stats.target_forwards,
+            tau=stats.tau,
+            seconds=seconds, tokens_per_s=len(tokens) / seconds if seconds > 0 else 0.0,
+            prompt_tokens=len(self.ids), finish_reason=stats.finish_reason,
+        )
+
+
+def generate(target: Target, prompt: str | list[int], **kwargs) -> GenerationOutput:
+    """Generate to the end and return the output (keyword arguments as for `Generation`)."""
+    generation = Generation(target, prompt, **kwargs)
+    for _ in generation:
+        pass
+    return generation.output

@@ -1,0 +1,67 @@
+"""Sampling parameters and the warpers that turn logits into the distribution we sample from.
+
+The same warpers later apply to the target's p and to a draft's q, so speculative sampling
+targets exactly the distribution that plain sampling draws from.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+from torch import Tensor
+
+from eaglespec.errors import InvalidArgumentError
+
+
+@dataclass(frozen=True)
+class SamplingParams:
+    """temperature 0 means greedy; top_k 0 and top_p 1 disable those filters."""
+
+    temperature: float = 0.0
+    top_p: float = 1.0
+    top_k: int = 0
+    seed: int | None = None
+
+    def __post_init__(self) -> None:
+        if not self.temperature >= 0:
+            raise InvalidArgumentError(f"temperature must be >= 0 (0 is greedy), got {self.temperature}")
+        if not 0 < self.top_p <= 1:
+            raise InvalidArgumentError(f"top-p must be in (0, 1], got {self.top_p}")
+        if self.top_k < 0:
+            raise InvalidArgumentError(f"top-k must be >= 0 (0 disables it), got {self.top_k}")
+
+    @property
+    def greedy(self) -> bool:
+        return self.temperature == 0
+
+    def generator(self) -> torch.Generator:
+        g = torch.Generator()
+        if self.seed is None:
+            g.seed()
+        else:
+            g.manual_seed(self.seed)
+        return g
+
+
+def warp(logits: Tensor, params: SamplingParams) -> Tensor:
+    """Probabilities after temperature, then top-k, then top-p (transformers' order). [..., V] float32."""
+    logits = logits.float() / params.temperature
+    if params.top_k:
+        kth = torch.topk(logits, min(params.top_k, logits.shape[-1]), dim=-1).values[..., -1:]
+        logits = logits.masked_fill(logits < kth, float("-inf"))
+    probs = torch.softmax(logits, dim=-1)
+    if params.top_p < 1:
+        sorted_probs, order = torch.sort(probs, dim=-1, descending=True)
+        sorted_drop = sorted_probs.cumsum(-1) - sorted_probs >= params.top_p  # mass before >= top_p
+        drop = torch.empty_like(sorted_drop).scatter_(-1, order, sorted_drop)
+        probs = probs.masked_fill(drop, 0.0)
+        probs = probs / probs.sum(-1, keepdim=True)
+    return probs
+
+
+def next_token(logits: Tensor, params: SamplingParams, generator: torch.Generator) -> Tensor:
+    """One token per row of logits [N, V]: argmax when greedy, else a draw from `warp`. Returns [N]."""
+    if params.greedy:
+        return logits.argmax(-1)
+    return torch.multinomial(warp(logits, params), 1, generator=generator).squeeze(-1)

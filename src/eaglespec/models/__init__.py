@@ -1,0 +1,1 @@
+"""The target model: compact decoder, weight loading, bundled-model registry and fetcher."""

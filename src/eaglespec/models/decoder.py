@@ -1,0 +1,209 @@
+"""A compact decoder for the Llama family (Llama/SmolLM2, Qwen2, Mistral) with a static KV cache.
+
+One `forward` takes new tokens with explicit positions and a boolean attention mask over
+cache + new tokens, so a whole draft tree verifies in one call. It returns the logits and the
+features (the hidden state entering the LM head, after the final norm) of every new token.
+After verification, `KVCache.keep` compacts the cache to the accepted path in place.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from eaglespec.models.config import ModelConfig
+
+
+class KVCache:
+    """Preallocated keys and values of every layer: `k`, `v` are [L, B, kv_heads, capacity, head_dim].
+
+    Slots `[0, length)` hold committed tokens, at positions equal to their slots. A forward
+    writes its T new tokens to slots `[length, length + T)` and advances `length`; `keep`
+    then selects which of those stay.
+    """
+
+    def __init__(self, config: ModelConfig, capacity: int, batch: int = 1,
+                 dtype: torch.dtype = torch.float32, device: torch.device | str = "cpu"):
+        shape = (config.num_layers, batch, config.num_kv_heads, capacity, config.head_dim)
+        self.k = torch.zeros(shape, dtype=dtype, device=device)
+        self.v = torch.zeros(shape, dtype=dtype, device=device)
+        self.capacity = capacity
+        self.length = 0
+        self.written = 0  # how many slots the last forward wrote, ending at `length`
+
+    def keep(self, indices: list[int]) -> None:
+        """Keep an ordered subset of the slots the last forward wrote (e.g. the accepted path)."""
+        start = self.length - self.written
+        n = len(indices)
+        if indices != list(range(n)):  # a prefix needs no move
+            src = torch.tensor(indices, device=self.k.device) + start
+            self.k[:, :, :, start:start + n] = self.k[:, :, :, src]
+            self.v[:, :, :, start:start + n] = self.v[:, :, :, src]
+        self.length = start + n
+        self.written = n
+
+
+def causal_mask(start: int, T: int, device: torch.device | str = "cpu") -> Tensor:
+    """bool [T, start + T]: T new tokens in a row after `start` cached ones."""
+    mask = torch.ones(T, start + T, dtype=torch.bool, device=device)
+    mask[:, start:] = torch.ones(T, T, dtype=torch.bool, device=device).tril()
+    return mask
+
+
+class RMSNorm(nn.Module):
+    def __init__(self, dim: int, eps: float):
+        super().__init__()
+        self.eps = eps
+        self.weight = nn.Parameter(torch.ones(dim))
+
+    def forward(self, x: Tensor) -> Tensor:
+        dtype = x.dtype
+        x32 = x.float()
+        x32 = x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + self.eps)
+        return self.weight * x32.to(dtype)
+
+
+def rotate(x: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
+    """Rotary embedding, half-split convention. x [B, heads, T, D]; cos, sin [B, 1, T, D]."""
+    half = x.shape[-1] // 2
+    rotated = torch.cat((-x[..., half:], x[..., :half]), dim=-1)
+    return x * cos + rotated * sin
+
+
+class Attention(nn.Module):
+    def __init__(self, c: ModelConfig):
+        super().__init__()
+        self.heads, self.kv_heads, self.head_dim = c.num_heads, c.num_kv_heads, c.head_dim
+        q_size, kv_size = c.num_heads * c.head_dim, c.num_kv_heads * c.head_dim
+        self.split = (q_size, kv_size, kv_size)
+        self.qkv = nn.Linear(c.hidden_size, q_size + 2 * kv_size, bias=c.qkv_bias)
+        self.o = nn.Linear(q_size, c.hidden_size, bias=False)
+
+    def forward(self, x: Tensor, cos: Tensor, sin: Tensor, k_cache: Tensor, v_cache: Tensor,
+                start: int, mask: Tensor | None) -> Tensor:
+        B, T, _ = x.shape
+        q, k, v = self.qkv(x).split(self.split, dim=-1)
+        q = rotate(q.view(B, T, self.heads, self.head_dim).transpose(1, 2), cos, sin)
+        k = rotate(k.view(B, T, self.kv_heads, self.head_dim).transpose(1, 2), cos, sin)
+        end = start + T
+        k_cache[:, :, start:end] = k
+        v_cache[:, :, start:end] = v.view(B, T, self.kv_heads, self.head_dim).transpose(1, 2)
+        keys, values = k_cache[:, :, :end], v_cache[:, :, :end]
+        if mask is None and T > 1:  # prefill of an empty cache
+            y = F.scaled_dot_product_attention(q, keys, values, is_causal=True,
+                                               enable_gqa=self.heads != self.kv_heads)
+        else:
+            # Fold the query heads sharing a kv head into the query axis: rows (group, t).
+            # Several times faster than enable_gqa on CPU for short queries, same numbers.
+            # `mask` comes in grouped already (see Decoder.forward).
+            groups = self.heads // self.kv_heads
+            y = F.scaled_dot_product_attention(
+                q.reshape(B, self.kv_heads, groups * T, self.head_dim), keys, values, attn_mask=mask
+            ).view(B, self.heads, T, self.head_dim)
+        return self.o(y.transpose(1, 2).reshape(B, T, -1))
+
+
+class MLP(nn.Module):
+    def __init__(self, c: ModelConfig):
+        super().__init__()
+        self.gate_up = nn.Linear(c.hidden_size, 2 * c.intermediate_size, bias=False)
+        self.down = nn.Linear(c.intermediate_size, c.hidden_size, bias=False)
+
+    def forward(self, x: Tensor) -> Tensor:
+        gate, up = self.gate_up(x).chunk(2, dim=-1)
+        return self.down(F.silu(gate) * up)
+
+
+class Layer(nn.Module):
+    def __init__(self, c: ModelConfig):
+        super().__init__()
+        self.input_norm = RMSNorm(c.hidden_size, c.rms_norm_eps)
+        self.attn = Attention(c)
+        self.post_attn_norm = RMSNorm(c.hidden_size, c.rms_norm_eps)
+        self.mlp = MLP(c)
+
+    def forward(self, x: Tensor, cos: Tensor, sin: Tensor, k_cache: Tensor, v_cache: Tensor,
+                start: int, mask: Tensor | None) -> Tensor:
+        x = x + self.attn(self.input_norm(x), cos, sin, k_cache, v_cache, start, mask)
+        return x + self.mlp(self.post_attn_norm(x))
+
+
+class Decoder(nn.Module):
+    """The target model. Parameters use fused q/k/v and gate/up projections (see `load.py`)."""
+
+    def __init__(self, config: ModelConfig):
+        super().__init__()
+        self.config = c = config
+        self.embed = nn.Embedding(c.vocab_size, c.hidden_size)
+        self.layers = nn.ModuleList(Layer(c) for _ in range(c.num_layers))
+        self.norm = RMSNorm(c.hidden_size, c.rms_norm_eps)
+        self.lm_head = nn.Linear(c.hidden_size, c.vocab_size, bias=False)
+        self.tie_weights()
+        self._rope_table: tuple[Tensor, Tensor] | None = None
+
+    def tie_weights(self) -> None:
+        """Share the embedding with the LM head where the config says so (again after loading)."""
+        if self.config.tie_word_embeddings:
+            self.lm_head.weight = self.embed.weight
+
+    def new_cache(self, capacity: int, batch: int = 1) -> KVCache:
+        capacity = min(capacity, self.config.max_position_embeddings)
+        return KVCache(self.config, capacity, batch, self.embed.weight.dtype, self.embed.weight.device)
+
+    def rope_table(self) -> tuple[Tensor, Tensor]:
+        """cos and sin for every position, [max_positions, head_dim], in the model's dtype."""
+        weight = self.embed.weight
+        if self._rope_table is None or self._rope_table[0].dtype != weight.dtype:
+            c = self.config
+            dims = torch.arange(0, c.head_dim, 2, dtype=torch.float32, device=weight.device)
+            inv_freq = 1.0 / (c.rope_theta ** (dims / c.head_dim))
+            pos = torch.arange(c.max_position_embeddings, dtype=torch.float32, device=weight.device)
+            freqs = torch.outer(pos, inv_freq)
+            emb = torch.cat((freqs, freqs), dim=-1)
+            self._rope_table = (emb.cos().to(weight.dtype), emb.sin().to(weight.dtype))
+        return self._rope_table
+
+    def forward(self, tokens: Tensor, cache: KVCache, positions: Tensor | None = None,
+                mask: Tensor | None = None, last_logits_only: bool = False) -> tuple[Tensor, Tensor]:
+        """Run T new tokens against the cache and append them to it.
+
+        tokens: [B, T] ids. positions: [B, T] (default: `cache.length + arange(T)`).
+        mask: bool [T, S] or [B, T, S] with S = cache.length + T, True where a new token may
+        attend; None means every new token sees the whole cache and the new tokens before it.
+        Returns logits [B, T, V] (or [B, 1, V] with `last_logits_only`) and features [B, T, H].
+        """
+        B, T = tokens.shape
+        start = cache.length
+        if start + T > cache.capacity:
+            raise ValueError(f"cache holds {cache.capacity} tokens; {start + T} requested")
+        if positions is None:
+            positions = torch.arange(start, start + T, device=tokens.device).expand(B, T)
+        cos_table, sin_table = self.rope_table()
+        cos, sin = cos_table[positions].unsqueeze(1), sin_table[positions].unsqueeze(1)
+        if mask is None and T > 1 and start > 0:
+            mask = causal_mask(start, T, tokens.device)
+        window = self.config.sliding_window
+        if window is not None and int(positions.max()) >= window:
+            mask = self._windowed(mask, positions, start, T)
+        if mask is not None:
+            if mask.dim() == 3:
+                mask = mask.unsqueeze(1)  # [B, 1, T, S]
+            groups = self.config.num_heads // self.config.num_kv_heads
+            mask = mask.repeat(*([1] * (mask.dim() - 2)), groups, 1)  # rows (group, t), as in Attention
+        x = self.embed(tokens)
+        for i, layer in enumerate(self.layers):
+            x = layer(x, cos, sin, cache.k[i], cache.v[i], start, mask)
+        cache.length, cache.written = start + T, T
+        features = self.norm(x)
+        logits = self.lm_head(features[:, -1:] if last_logits_only else features)
+        return logits, features
+
+    def _windowed(self, mask: Tensor | None, positions: Tensor, start: int, T: int) -> Tensor:
+        """Add the sliding-window limit to a mask (Mistral): a key sits at most window-1 behind."""
+        if mask is None:
+            mask = causal_mask(start, T, positions.device)
+        cache_pos = torch.arange(start, device=positions.device).expand(positions.shape[0], start)
+        key_pos = torch.cat((cache_pos, positions), dim=1)  # [B, S]
+        in_window = key_pos[:, None, :] > positions[:, :, None] - self.config.sliding_window
+        return mask & in_window

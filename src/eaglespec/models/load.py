@@ -1,0 +1,128 @@
+"""Resolve `--model` (bundled name, Hugging Face folder or .gguf file) and load the target."""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+from safetensors import SafetensorError, safe_open
+
+from eaglespec.errors import CorruptWeightsError, UnknownModelError
+from eaglespec.models.config import ModelConfig
+from eaglespec.models.decoder import Decoder
+from eaglespec.models.fetch import convert_gguf, fetch, sha256_of
+from eaglespec.models.registry import BUNDLED, cache_root
+
+DTYPES = {"bfloat16": torch.bfloat16, "float32": torch.float32}
+
+
+@dataclass
+class Target:
+    """A loaded target model with its tokenizer."""
+
+    name: str
+    folder: Path
+    model: Decoder
+    tokenizer: object  # a transformers tokenizer
+    eos_token_ids: frozenset[int]
+
+
+def resolve(spec: str) -> Path:
+    """Turn a model name or path into a Hugging Face folder, fetching or converting if needed."""
+    if spec in BUNDLED:
+        return fetch(BUNDLED[spec])
+    path = Path(spec).expanduser()
+    if path.is_dir() and (path / "config.json").is_file():
+        return path
+    if path.is_file() and path.suffix == ".gguf":
+        out = cache_root() / "gguf" / f"{path.stem}-{sha256_of(path)[:16]}"
+        if not (out / "config.json").is_file():
+            out.parent.mkdir(parents=True, exist_ok=True)
+            convert_gguf(path, out)
+        return out
+    raise UnknownModelError(
+        f"unknown model '{spec}': use one of {', '.join(BUNDLED)} (see `eaglespec models`), "
+        "a Hugging Face folder with config.json and safetensors, or a .gguf file"
+    )
+
+
+_RENAMES = [
+    (r"model\.embed_tokens\.", "embed."),
+    (r"model\.norm\.", "norm."),
+    (r"model\.layers\.(\d+)\.input_layernorm\.", r"layers.\1.input_norm."),
+    (r"model\.layers\.(\d+)\.post_attention_layernorm\.", r"layers.\1.post_attn_norm."),
+    (r"model\.layers\.(\d+)\.self_attn\.o_proj\.", r"layers.\1.attn.o."),
+    (r"model\.layers\.(\d+)\.mlp\.down_proj\.", r"layers.\1.mlp.down."),
+    (r"lm_head\.", "lm_head."),
+]
+_FUSED = [  # our fused parameter <- the Hugging Face parameters concatenated in this order
+    (r"model\.layers\.(\d+)\.self_attn\.(q|k|v)_proj\.(weight|bias)", r"layers.\1.attn.qkv.\3"),
+    (r"model\.layers\.(\d+)\.mlp\.(gate|up)_proj\.weight", r"layers.\1.mlp.gate_up.weight"),
+]
+
+
+def from_hf_state_dict(hf: dict[str, torch.Tensor], dtype: torch.dtype) -> dict[str, torch.Tensor]:
+    """Map Hugging Face parameter names onto ours, fusing q/k/v and gate/up."""
+    ours: dict[str, torch.Tensor] = {}
+    pieces: dict[str, dict[str, torch.Tensor]] = {}
+    for name, tensor in hf.items():
+        for pattern, target in _FUSED:
+            if m := re.fullmatch(pattern, name):
+                pieces.setdefault(m.expand(target), {})[m.group(2)] = tensor
+                break
+        else:
+            for pattern, repl in _RENAMES:
+                if re.match(pattern, name):
+                    ours[re.sub(pattern, repl, name)] = tensor.to(dtype)
+                    break
+    for target, parts in pieces.items():
+        order = "qkv" if ".attn." in target else ("gate", "up")
+        ours[target] = torch.cat([parts[k] for k in order]).to(dtype)
+    return ours
+
+
+def read_safetensors(folder: Path) -> dict[str, torch.Tensor]:
+    files = sorted(folder.glob("*.safetensors"))
+    if not files:
+        raise CorruptWeightsError(f"{folder} has no .safetensors file; convert the weights to safetensors")
+    tensors = {}
+    for file in files:
+        try:
+            with safe_open(str(file), framework="pt") as f:
+                for key in f.keys():
+                    tensors[key] = f.get_tensor(key)
+        except (SafetensorError, OSError) as err:
+            raise CorruptWeightsError(
+                f"{file} is truncated or corrupt ({err}); delete it and fetch or convert it again"
+            ) from None
+    return tensors
+
+
+def build_decoder(config: ModelConfig, hf_tensors: dict[str, torch.Tensor], dtype: torch.dtype) -> Decoder:
+    with torch.device("meta"):
+        model = Decoder(config)
+    missing, unexpected = model.load_state_dict(from_hf_state_dict(hf_tensors, dtype), strict=False, assign=True)
+    missing = [k for k in missing if not (k == "lm_head.weight" and config.tie_word_embeddings)]
+    if missing or unexpected:
+        raise CorruptWeightsError(
+            f"the weights do not fit the config (missing {missing[:3]}, unexpected {unexpected[:3]}); "
+            "fetch or convert the model again"
+        )
+    model.tie_weights()
+    return model.eval().requires_grad_(False)
+
+
+def load_target(spec: str, dtype: str | torch.dtype = "bfloat16") -> Target:
+    """Load a target model by bundled name, Hugging Face folder or .gguf path."""
+    from transformers import AutoConfig, AutoTokenizer
+
+    torch_dtype = DTYPES[dtype] if isinstance(dtype, str) else dtype
+    folder = resolve(spec)
+    hf_config = AutoConfig.from_pretrained(str(folder))
+    model = build_decoder(ModelConfig.from_hf(hf_config), read_safetensors(folder), torch_dtype)
+    tokenizer = AutoTokenizer.from_pretrained(str(folder))
+    eos = hf_config.eos_token_id if isinstance(hf_config.eos_token_id, list) else [hf_config.eos_token_id]
+    eos_ids = frozenset(i for i in [*eos, tokenizer.eos_token_id] if i is not None)
+    return Target(name=spec, folder=folder, model=model, tokenizer=tokenizer, eos_token_ids=eos_ids)

