@@ -7,7 +7,7 @@ import time
 from collections.abc import Iterator, Sequence
 from dataclasses import asdict, dataclass
 
-from eaglespec.decoding.loop import DecodeStats, check_prompt, decode
+from eaglespec.decoding.loop import DecodeStats, check_max_new_tokens, check_prompt, decode
 from eaglespec.decoding.sampling import SamplingParams
 from eaglespec.errors import InvalidArgumentError
 from eaglespec.models.load import Target
@@ -54,8 +54,7 @@ class Generation:
                  top_k: int = 0, seed: int | None = None, stop_strings: Sequence[str] = (),
                  ignore_eos: bool = False):
         self.params = SamplingParams(temperature=temperature, top_p=top_p, top_k=top_k, seed=seed)
-        if max_new_tokens < 1:
-            raise InvalidArgumentError(f"max_new_tokens must be >= 1, got {max_new_tokens}")
+        check_max_new_tokens(max_new_tokens)
         self.target = target
         self.ids = prompt if isinstance(prompt, list) else prompt_ids(target, prompt, chat)
         check_prompt(target.model, self.ids)

@@ -33,6 +33,11 @@ class DecodeStats:
         return self.new_tokens / self.target_forwards if self.target_forwards else 0.0
 
 
+def check_max_new_tokens(max_new_tokens: int) -> None:
+    if max_new_tokens < 1:
+        raise InvalidArgumentError(f"max_new_tokens must be >= 1, got {max_new_tokens}")
+
+
 def check_prompt(model: Decoder, prompt_ids: list[int]) -> None:
     context = model.config.max_position_embeddings
     if not prompt_ids:
@@ -51,13 +56,13 @@ def decode(model: Decoder, prompt_ids: list[int], params: SamplingParams, max_ne
 
     `stats` is filled in as the loop runs; closing the iterator early (stop strings) is allowed.
     """
-    if max_new_tokens < 1:
-        raise InvalidArgumentError(f"max_new_tokens must be >= 1, got {max_new_tokens}")
+    check_max_new_tokens(max_new_tokens)
     check_prompt(model, prompt_ids)
     stats = stats if stats is not None else DecodeStats()
-    generator = params.generator()
+    device = model.embed.weight.device
+    generator = params.generator(device)
     cache = model.new_cache(len(prompt_ids) + max_new_tokens)
-    prompt = torch.tensor([prompt_ids])
+    prompt = torch.tensor([prompt_ids], device=device)
     if len(prompt_ids) > 1:
         model(prompt[:, :-1], cache, last_logits_only=True)
     root = prompt[:, -1:]  # [1, 1]
@@ -80,4 +85,4 @@ def decode(model: Decoder, prompt_ids: list[int], params: SamplingParams, max_ne
         yield accepted
         if stats.finish_reason:
             return
-        root = torch.tensor([accepted[-1:]])
+        root = torch.tensor([accepted[-1:]], device=device)

@@ -35,8 +35,8 @@ class SamplingParams:
     def greedy(self) -> bool:
         return self.temperature == 0
 
-    def generator(self) -> torch.Generator:
-        g = torch.Generator()
+    def generator(self, device: torch.device | str = "cpu") -> torch.Generator:
+        g = torch.Generator(device)
         if self.seed is None:
             g.seed()
         else:

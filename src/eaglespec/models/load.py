@@ -114,14 +114,15 @@ def build_decoder(config: ModelConfig, hf_tensors: dict[str, torch.Tensor], dtyp
     return model.eval().requires_grad_(False)
 
 
-def load_target(spec: str, dtype: str | torch.dtype = "bfloat16") -> Target:
+def load_target(spec: str, dtype: str | torch.dtype = "bfloat16", device: str = "cpu") -> Target:
     """Load a target model by bundled name, Hugging Face folder or .gguf path."""
     from transformers import AutoConfig, AutoTokenizer
 
     torch_dtype = DTYPES[dtype] if isinstance(dtype, str) else dtype
     folder = resolve(spec)
     hf_config = AutoConfig.from_pretrained(str(folder))
-    model = build_decoder(ModelConfig.from_hf(hf_config), read_safetensors(folder), torch_dtype)
+    model = build_decoder(ModelConfig.from_hf(hf_config), read_safetensors(folder), torch_dtype).to(device)
+    model.pack_weights()
     tokenizer = AutoTokenizer.from_pretrained(str(folder))
     eos = hf_config.eos_token_id if isinstance(hf_config.eos_token_id, list) else [hf_config.eos_token_id]
     eos_ids = frozenset(i for i in [*eos, tokenizer.eos_token_id] if i is not None)

@@ -1,0 +1,45 @@
+import pytest
+import torch
+from transformers import AutoModelForCausalLM, LlamaConfig, MistralConfig, Qwen2Config
+
+from eaglespec.models.config import ModelConfig
+from eaglespec.models.decoder import Decoder
+from eaglespec.models.load import build_decoder
+
+torch.set_num_threads(2)
+
+TINY = dict(vocab_size=97, hidden_size=64, intermediate_size=96, num_hidden_layers=3,
+            num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=128)
+CONFIGS = {
+    "llama": LlamaConfig(**TINY, rope_theta=100000.0, tie_word_embeddings=True),
+    "qwen2": Qwen2Config(**TINY, rope_theta=1000000.0, tie_word_embeddings=False),
+    "mistral": MistralConfig(**TINY, sliding_window=8, tie_word_embeddings=False),
+}
+
+
+def tiny_pair(family: str) -> tuple[torch.nn.Module, Decoder]:
+    """A tiny random model of a family: (transformers' model, our decoder with the same weights)."""
+    torch.manual_seed(0)
+    hf = AutoModelForCausalLM.from_config(CONFIGS[family], attn_implementation="sdpa").float().eval()
+    if family == "qwen2":  # random biases, so a dropped bias cannot pass
+        for layer in hf.model.layers:
+            for proj in (layer.self_attn.q_proj, layer.self_attn.k_proj, layer.self_attn.v_proj):
+                torch.nn.init.normal_(proj.bias, std=0.5)
+    ours = build_decoder(ModelConfig.from_hf(hf.config), hf.state_dict(), torch.float32)
+    return hf, ours
+
+
+@pytest.fixture(scope="session")
+def smollm2():
+    """The bundled default model in fp32 (fetched on first use)."""
+    from eaglespec.models.load import load_target
+
+    return load_target("smollm2-135m-instruct", "float32")
+
+
+@pytest.fixture(scope="session")
+def smollm2_hf(smollm2):
+    """transformers' own implementation of the same weights, the reference."""
+    from transformers import AutoModelForCausalLM
+
+    return AutoModelForCausalLM.from_pretrained(str(smollm2.folder), dtype=torch.float32).eval()

@@ -1,0 +1,98 @@
+"""The command line: JSON output, equality with transformers, and one-line errors for bad input."""
+
+import json
+
+import pytest
+import torch
+from click.testing import CliRunner
+from transformers import AutoModelForCausalLM, LlamaConfig
+
+from eaglespec.cli import main
+
+
+def run(*args):
+    result = CliRunner().invoke(main, list(args))
+    return result.exit_code, result.stdout, result.stderr
+
+
+def test_json_greedy_equals_transformers_generate(smollm2, smollm2_hf):
+    prompt = "The three primary colors are"
+    code, out, _ = run("generate", "--model", "smollm2-135m-instruct", "--method", "vanilla",
+                       "--dtype", "float32", "--temperature", "0", "--json", "--prompt", prompt)
+    assert code == 0
+    result = json.loads(out)
+    for key in ("text", "token_ids", "new_tokens", "target_forwards", "tau", "seconds", "tokens_per_s"):
+        assert key in result
+    ids = smollm2.tokenizer(prompt, return_tensors="pt").input_ids
+    with torch.inference_mode():
+        ref = smollm2_hf.generate(ids, max_new_tokens=128, do_sample=False)[0, ids.shape[1]:]
+    assert result["token_ids"] == ref.tolist()
+    assert result["text"] == smollm2.tokenizer.decode(ref, skip_special_tokens=True)
+    assert result["new_tokens"] == len(ref) and result["tau"] == 1.0 and result["seconds"] > 0
+
+
+def test_streaming_prints_text_and_stats(smollm2):
+    code, out, err = run("generate", "--prompt", "Name a color.", "--chat", "--max-new-tokens", "8")
+    assert code == 0 and out.strip() and "tokens/s" in err
+
+
+def test_models_lists_the_bundled_models():
+    code, out, _ = run("models")
+    assert code == 0
+    assert "smollm2-135m-instruct" in out and "qwen2.5-coder-1.5b-instruct" in out and " MB" in out
+
+
+@pytest.fixture
+def tiny_folder(tmp_path, smollm2):
+    """A Hugging Face folder: a tiny random Llama with SmolLM2's tokenizer."""
+    config = LlamaConfig(vocab_size=49152, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+                         num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=256,
+                         eos_token_id=2, bos_token_id=1)
+    torch.manual_seed(0)
+    AutoModelForCausalLM.from_config(config).save_pretrained(tmp_path / "tiny")
+    smollm2.tokenizer.save_pretrained(tmp_path / "tiny")
+    return tmp_path / "tiny"
+
+
+def test_local_hugging_face_folder(tiny_folder):
+    code, out, _ = run("generate", "--model", str(tiny_folder), "--prompt", "hello", "--max-new-tokens", "5",
+                       "--json", "--ignore-eos")
+    assert code == 0 and json.loads(out)["new_tokens"] == 5
+
+
+def unsupported(folder):
+    config = json.loads((folder / "config.json").read_text())
+    config["model_type"] = "gpt2"
+    (folder / "config.json").write_text(json.dumps(config))
+
+
+def truncated(folder):
+    weights = folder / "model.safetensors"
+    weights.write_bytes(weights.read_bytes()[: weights.stat().st_size // 2])
+
+
+@pytest.mark.parametrize("args,message", [
+    (["--model", "no-such-model"], "unknown model 'no-such-model'"),
+    (["--temperature", "-1"], "temperature must be >= 0"),
+    (["--top-p", "0"], "top-p must be in (0, 1]"),
+    (["--top-p", "1.5"], "top-p must be in (0, 1]"),
+    (["--max-new-tokens", "0"], "max_new_tokens must be >= 1"),
+    (["--prompt", "word " * 9000], "shorten the prompt"),
+])
+def test_bad_input_is_one_line_error(args, message):
+    code, out, err = run("generate", "--prompt", "hi", *args)
+    assert code == 1 and out == ""
+    assert err.startswith("error: ") and message in err and err.count("\n") == 1
+
+
+@pytest.mark.parametrize("damage,message", [(unsupported, "architecture 'gpt2' is not supported"),
+                                            (truncated, "truncated or corrupt")])
+def test_bad_model_folder_is_one_line_error(tiny_folder, damage, message):
+    damage(tiny_folder)
+    code, _, err = run("generate", "--model", str(tiny_folder), "--prompt", "hi")
+    assert code == 1 and message in err and err.count("\n") == 1
+
+
+def test_fetch_unknown_model():
+    code, _, err = run("fetch", "nope")
+    assert code == 1 and "unknown model 'nope'" in err

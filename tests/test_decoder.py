@@ -1,0 +1,155 @@
+"""Our decoder against transformers' implementation, tree attention and KV compaction."""
+
+import pytest
+import torch
+from conftest import tiny_pair
+
+from eaglespec.models.decoder import Decoder, causal_mask
+
+def full_forward(model: Decoder, tokens: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    return model(tokens, model.new_cache(tokens.shape[1]))
+
+
+@pytest.mark.parametrize("family", ["llama", "qwen2", "mistral"])
+def test_tiny_logits_match_transformers(family):
+    hf, ours = tiny_pair(family)
+    tokens = torch.randint(0, 97, (1, 24), generator=torch.Generator().manual_seed(1))
+    with torch.inference_mode():
+        ref = hf(tokens).logits
+        logits, features = full_forward(ours, tokens)
+        hidden = hf(tokens, output_hidden_states=True).hidden_states[-1]
+    assert (logits - ref).abs().max() < 1e-4
+    assert (features - hidden).abs().max() < 1e-4  # the feature is the post-norm hidden state
+
+
+@pytest.mark.parametrize("family", ["llama", "qwen2", "mistral"])
+def test_incremental_decoding_matches_full_forward(family):
+    """Prefill, then one token at a time, then a chunk: the cache must reproduce the full pass."""
+    _, ours = tiny_pair(family)
+    tokens = torch.randint(0, 97, (1, 20), generator=torch.Generator().manual_seed(2))
+    with torch.inference_mode():
+        ref, _ = full_forward(ours, tokens)
+        cache = ours.new_cache(20)
+        parts = [ours(tokens[:, :10], cache)[0]]
+        parts += [ours(tokens[:, i:i + 1], cache)[0] for i in range(10, 14)]
+        parts.append(ours(tokens[:, 14:], cache)[0])
+    assert (torch.cat(parts, dim=1) - ref).abs().max() < 1e-4
+
+
+def test_smollm2_logits_match_transformers(smollm2, smollm2_hf):
+    ids = smollm2.tokenizer("The quick brown fox jumps over the lazy dog because", return_tensors="pt").input_ids
+    with torch.inference_mode():
+        ref = smollm2_hf(ids).logits
+        logits, _ = full_forward(smollm2.model, ids)
+    assert (logits - ref).abs().max() < 1e-3
+
+
+# A draft tree under a root: parent index of each node (-1 = root).
+TREE_PARENTS = [-1, 0, 0, 0, 1, 1, 2, 4, 4, 6]
+
+
+def tree_paths(parents: list[int]) -> list[list[int]]:
+    children = {i for i in parents if i >= 0}
+    leaves = [i for i in range(len(parents)) if i not in children]
+    paths = []
+    for leaf in leaves:
+        path = [leaf]
+        while parents[path[-1]] >= 0:
+            path.append(parents[path[-1]])
+        paths.append(path[::-1])
+    return paths
+
+
+def tree_inputs(parents: list[int], start: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Positions [1, T] and mask [T, start + T]: each node sees the cache and its ancestors."""
+    T = len(parents)
+    depth = torch.zeros(T, dtype=torch.long)
+    mask = torch.zeros(T, start + T, dtype=torch.bool)
+    mask[:, :start] = True
+    for i, p in enumerate(parents):
+        mask[i, start + i] = True
+        if p >= 0:
+            depth[i] = depth[p] + 1
+            mask[i, start:] |= mask[p, start:]
+    return (start + depth).unsqueeze(0), mask
+
+
+@pytest.mark.parametrize("family", ["llama", "qwen2", "mistral"])
+def test_tree_forward_equals_each_path(family):
+    _, ours = tiny_pair(family)
+    g = torch.Generator().manual_seed(3)
+    prefix = torch.randint(0, 97, (1, 6), generator=g)
+    nodes = torch.randint(0, 97, (1, len(TREE_PARENTS)), generator=g)
+    positions, mask = tree_inputs(TREE_PARENTS, start=6)
+    with torch.inference_mode():
+        cache = ours.new_cache(6 + len(TREE_PARENTS))
+        ours(prefix, cache)
+        tree_logits, tree_features = ours(nodes, cache, positions=positions, mask=mask)
+        for path in tree_paths(TREE_PARENTS):
+            logits, features = full_forward(ours, torch.cat([prefix, nodes[:, path]], dim=1))
+            assert (tree_logits[:, path] - logits[:, 6:]).abs().max() < 1e-4
+            assert (tree_features[:, path] - features[:, 6:]).abs().max() < 1e-4
+
+
+def test_tree_forward_on_smollm2(smollm2):
+    model = smollm2.model
+    prefix = smollm2.tokenizer("Speculative decoding verifies a tree", return_tensors="pt").input_ids
+    start = prefix.shape[1]
+    nodes = torch.randint(0, 49152, (1, len(TREE_PARENTS)), generator=torch.Generator().manual_seed(4))
+    positions, mask = tree_inputs(TREE_PARENTS, start)
+    with torch.inference_mode():
+        cache = model.new_cache(start + len(TREE_PARENTS))
+        model(prefix, cache)
+        tree_logits, _ = model(nodes, cache, positions=positions, mask=mask)
+        for path in tree_paths(TREE_PARENTS):
+            logits, _ = full_forward(model, torch.cat([prefix, nodes[:, path]], dim=1))
+            assert (tree_logits[:, path] - logits[:, start:]).abs().max() < 1e-3
+
+
+@pytest.mark.parametrize("family", ["llama", "qwen2", "mistral"])
+def test_compaction_equals_recomputed_cache(family):
+    """Keep one root-to-leaf path of a verified tree; the cache then equals a fresh prefill."""
+    _, ours = tiny_pair(family)
+    g = torch.Generator().manual_seed(5)
+    prefix = torch.randint(0, 97, (1, 6), generator=g)
+    nodes = torch.randint(0, 97, (1, len(TREE_PARENTS)), generator=g)
+    positions, mask = tree_inputs(TREE_PARENTS, start=6)
+    path = [0, 1, 4, 8]
+    with torch.inference_mode():
+        cache = ours.new_cache(32)
+        ours(prefix, cache)
+        ours(nodes, cache, positions=positions, mask=mask)
+        cache.keep(path)
+        fresh = ours.new_cache(32)
+        ours(torch.cat([prefix, nodes[:, path]], dim=1), fresh)
+        assert cache.length == fresh.length == 10
+        assert (cache.k[..., :10, :] - fresh.k[..., :10, :]).abs().max() < 1e-5
+        assert (cache.v[..., :10, :] - fresh.v[..., :10, :]).abs().max() < 1e-5
+        # decoding continues identically from both caches
+        nxt = torch.randint(0, 97, (1, 3), generator=g)
+        a, _ = ours(nxt, cache)
+        b, _ = ours(nxt, fresh)
+    assert (a - b).abs().max() < 1e-4
+
+
+def test_causal_mask_shape():
+    m = causal_mask(2, 3)
+    assert m.tolist() == [[True, True, True, False, False],
+                          [True, True, True, True, False],
+                          [True, True, True, True, True]]
+
+
+def test_packed_bf16_weights_give_the_same_logits():
+    _, ours = tiny_pair("qwen2")
+    ours = ours.to(torch.bfloat16)
+    tokens = torch.randint(0, 97, (1, 12), generator=torch.Generator().manual_seed(6))
+    with torch.inference_mode():
+        plain, _ = full_forward(ours, tokens)
+        if not ours.pack_weights():
+            pytest.skip("this CPU has no oneDNN bf16 support; weights stay unpacked")
+        packed, _ = full_forward(ours, tokens)
+        cache = ours.new_cache(12)
+        ours(tokens[:, :11], cache)
+        step, _ = ours(tokens[:, 11:], cache)
+    assert (packed - plain).abs().max() < 1e-2
+    assert (step[:, 0] - plain[:, -1]).abs().max() < 1e-2
