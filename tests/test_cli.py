@@ -93,9 +93,10 @@ def test_bad_model_folder_is_one_line_error(tiny_folder, damage, message):
     assert code == 1 and message in err and err.count("\n") == 1
 
 
-def test_fetch_unknown_model():
-    code, _, err = run("fetch", "nope")
-    assert code == 1 and "unknown model 'nope'" in err
+@pytest.mark.parametrize("name", ["nope", "/tmp"])
+def test_fetch_unknown_model(name):
+    code, _, err = run("fetch", name)
+    assert code == 1 and f"unknown bundled model '{name}'" in err
 
 
 def test_gguf_file_is_converted_once_and_matches_the_bundled_model(tmp_path, monkeypatch, smollm2):

