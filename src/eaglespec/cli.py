@@ -109,5 +109,129 @@ def generate(model_spec: str, prompt: str, chat: bool, max_new_tokens: int, temp
     )
 
 
+def _world() -> tuple[int, int]:
+    """(rank, world size) under torchrun, else (0, 1)."""
+    import os
+
+    return int(os.environ.get("RANK", "0")), int(os.environ.get("WORLD_SIZE", "1"))
+
+
+@main.command("show-data")
+@click.option("--model", "model_spec", default=DEFAULT_MODEL, show_default=True)
+@click.option("--data", default="sharegpt", show_default=True, help="'sharegpt' or a .json/.jsonl/.txt file.")
+@click.option("--index", default=0, show_default=True, help="Which conversation to show.")
+def show_data(model_spec: str, data: str, index: int) -> None:
+    """Print one conversation as the target's chat template renders it, trained spans in [[...]]."""
+    from itertools import islice
+
+    from eaglespec.models.load import load_target
+    from eaglespec.training.data import ReadReport, read_conversations, show
+
+    report = ReadReport()
+    conversation = next(islice(read_conversations(data, report), index, None), None)
+    if conversation is None:
+        raise EaglespecError(f"'{data}' has fewer than {index + 1} usable conversations; {report.summary()}")
+    click.echo(show(load_target(model_spec).tokenizer, conversation))
+    if report.summary():
+        click.echo(report.summary(), err=True)
+
+
+@main.command()
+@click.option("--model", "model_spec", required=True)
+@click.option("--data", default="sharegpt", show_default=True, help="'sharegpt' or a .json/.jsonl/.txt file.")
+@click.option("--split", type=click.Choice(["train", "heldout"]), default="train", show_default=True)
+@click.option("--limit", type=int, default=None, help="Conversations to take from the split (default: all).")
+@click.option("--max-len", default=2048, show_default=True, help="Tokens kept per conversation.")
+@click.option("--heldout-fraction", default=0.02, show_default=True)
+@click.option("--seed", default=0, show_default=True, help="Seed of the held-out split.")
+@click.option("--shard-size", default=32, show_default=True, help="Conversations per shard.")
+@click.option("--out", required=True, type=click.Path(), help="Feature folder (resumable).")
+@click.option("--threads", default=None, type=int)
+def extract(model_spec, data, split, limit, max_len, heldout_fraction, seed, shard_size, out, threads) -> None:
+    """Extract target features for training (resumable; runs unchanged under torchrun)."""
+    import torch
+
+    from eaglespec.models.load import load_target
+    from eaglespec.training.features import ExtractConfig, extract as run_extract
+
+    if threads:
+        torch.set_num_threads(threads)
+    config = ExtractConfig(model_spec, data, split, limit, max_len, heldout_fraction, seed, shard_size)
+    rank, world = _world()
+    summary = run_extract(load_target(model_spec), config, out, rank, world)
+    click.echo(f"{out}: {summary}")
+
+
+@main.command()
+@click.option("--model", "model_spec", required=True)
+@click.option("--train-features", "train_dir", required=True, type=click.Path())
+@click.option("--heldout-features", "heldout_dir", default=None, type=click.Path())
+@click.option("--out", required=True, type=click.Path(), help="Run folder: checkpoints, head/, curves.png.")
+@click.option("--epochs", default=10, show_default=True)
+@click.option("--lr", default=3e-5, show_default=True)
+@click.option("--beta1", default=0.9, show_default=True)
+@click.option("--beta2", default=0.95, show_default=True)
+@click.option("--weight-decay", default=0.0, show_default=True)
+@click.option("--grad-clip", default=0.5, show_default=True)
+@click.option("--warmup-steps", default=100, show_default=True)
+@click.option("--batch", "batch_conversations", default=8, show_default=True, help="Conversations per step.")
+@click.option("--noise", default=0.1, show_default=True, help="U(-noise, noise) on input features.")
+@click.option("--draft-vocab", default=0, show_default=True, help="Reduced draft vocabulary size (0: full).")
+@click.option("--layers", "num_layers", default=1, show_default=True)
+@click.option("--input-variant", default="feature+shifted-token", show_default=True,
+              type=click.Choice(["feature+shifted-token", "feature+unshifted-token", "feature", "token"]))
+@click.option("--init", default="random", show_default=True, type=click.Choice(["random", "target-last-layer"]))
+@click.option("--checkpoint-every", default=50, show_default=True)
+@click.option("--eval-limit", default=None, type=int, help="Held-out conversations scored each epoch.")
+@click.option("--no-autocast", is_flag=True, help="Train in fp32 even where bf16 autocast is available.")
+@click.option("--seed", default=0, show_default=True)
+@click.option("--max-minutes", default=None, type=float, help="Stop after this long; run again to resume.")
+@click.option("--threads", default=None, type=int)
+def train(model_spec, train_dir, heldout_dir, out, epochs, lr, beta1, beta2, weight_decay, grad_clip,
+          warmup_steps, batch_conversations, noise, draft_vocab, num_layers, input_variant, init,
+          checkpoint_every, eval_limit, no_autocast, seed, max_minutes, threads) -> None:
+    """Train an EAGLE head on extracted features (resumes from OUT; runs unchanged under torchrun)."""
+    import torch
+
+    from eaglespec.training.trainer import TrainConfig, train as run_train
+
+    if threads:
+        torch.set_num_threads(threads)
+    config = TrainConfig(model_spec, str(train_dir), str(out), heldout_dir and str(heldout_dir), epochs, lr,
+                         (beta1, beta2), weight_decay, grad_clip, warmup_steps, batch_conversations, noise,
+                         1.0, 0.1, draft_vocab, num_layers, input_variant, init, checkpoint_every, eval_limit,
+                         not no_autocast, seed, max_minutes)
+    try:
+        run_train(config, log=lambda m: click.echo(m, err=True))
+    except KeyboardInterrupt:
+        sys.exit(130)
+    if _world()[0] == 0:
+        click.echo(f"head: {out}/head")
+
+
+@main.command("eval-head")
+@click.option("--model", "model_spec", default=DEFAULT_MODEL, show_default=True)
+@click.option("--head", "head_spec", default="default", show_default=True, help="Head folder or 'default'.")
+@click.option("--limit", default=50, show_default=True, help="Held-out conversations to score.")
+@click.option("--depth", default=4, show_default=True, help="Highest n of n-alpha.")
+@click.option("--dtype", type=click.Choice(["bfloat16", "float32"]), default="bfloat16", show_default=True)
+@click.option("--threads", default=None, type=int)
+@click.option("--json", "as_json", is_flag=True)
+def eval_head(model_spec, head_spec, limit, depth, dtype, threads, as_json) -> None:
+    """Held-out n-alpha of a head: its top-1 agreement with the target's greedy token."""
+    import torch
+
+    from eaglespec.training.evaluate import held_out_alpha
+
+    if threads:
+        torch.set_num_threads(threads)
+    result = held_out_alpha(model_spec, head_spec, limit, depth, dtype)
+    if as_json:
+        click.echo(json.dumps(result))
+    else:
+        click.echo(", ".join(f"{n}-alpha {a:.3f}" for n, a in enumerate(result["alpha"]))
+                   + f" over {result['tokens_scored']} tokens of {result['conversations']} held-out conversations")
+
+
 if __name__ == "__main__":
     main()

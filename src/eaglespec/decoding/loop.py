@@ -61,7 +61,7 @@ def decode(model: Decoder, prompt_ids: list[int], params: SamplingParams, max_ne
     stats = stats if stats is not None else DecodeStats()
     device = model.embed.weight.device
     generator = params.generator(device)
-    cache = model.new_cache(len(prompt_ids) + max_new_tokens)
+    cache = model.new_cache(min(len(prompt_ids) + max_new_tokens, model.config.max_position_embeddings))
     prompt = torch.tensor([prompt_ids], device=device)
     if len(prompt_ids) > 1:
         model(prompt[:, :-1], cache, last_logits_only=True)

@@ -8,6 +8,8 @@ After verification, `KVCache.keep` compacts the cache to the accepted path in pl
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
@@ -148,27 +150,23 @@ class Layer(nn.Module):
         return x + self.mlp(self.post_attn_norm(x))
 
 
-class Decoder(nn.Module):
-    """The target model. Parameters use fused q/k/v and gate/up projections (see `load.py`)."""
+class Stack(nn.Module):
+    """Decoder layers over a KV cache: what the target model and the EAGLE head share."""
 
-    def __init__(self, config: ModelConfig):
+    def __init__(self, config: ModelConfig, num_layers: int):
         super().__init__()
-        self.config = c = config
-        self.embed = nn.Embedding(c.vocab_size, c.hidden_size)
-        self.layers = nn.ModuleList(Layer(c) for _ in range(c.num_layers))
-        self.norm = RMSNorm(c.hidden_size, c.rms_norm_eps)
-        self.lm_head = Linear(c.hidden_size, c.vocab_size, bias=False)
-        self.tie_weights()
+        self.config = config
+        self.layers = nn.ModuleList(Layer(config) for _ in range(num_layers))
         self._rope_table: tuple[Tensor, Tensor] | None = None
 
-    def tie_weights(self) -> None:
-        """Share the embedding with the LM head where the config says so (again after loading)."""
-        if self.config.tie_word_embeddings:
-            self.lm_head.weight = self.embed.weight
+    @property
+    def weight_like(self) -> Tensor:
+        """A parameter whose dtype and device the cache and rotary tables follow."""
+        return self.layers[0].attn.qkv.weight
 
     def pack_weights(self) -> bool:
         """Pre-pack every linear weight for oneDNN where that is exact and faster (see `Linear`)."""
-        weight = self.embed.weight
+        weight = self.weight_like
         if not (weight.device.type == "cpu" and weight.dtype == torch.bfloat16
                 and torch.backends.mkldnn.is_available() and torch.ops.mkldnn._is_mkldnn_bf16_supported()):
             return False
@@ -177,13 +175,13 @@ class Decoder(nn.Module):
                 module.pack()
         return True
 
-    def new_cache(self, capacity: int, batch: int = 1) -> KVCache:
-        capacity = min(capacity, self.config.max_position_embeddings)
-        return KVCache(self.config, capacity, batch, self.embed.weight.dtype, self.embed.weight.device)
+    def new_cache(self, capacity: int, batch: int = 1, dtype: torch.dtype | None = None) -> KVCache:
+        c = replace(self.config, num_layers=len(self.layers))
+        return KVCache(c, capacity, batch, dtype or self.weight_like.dtype, self.weight_like.device)
 
     def rope_table(self) -> tuple[Tensor, Tensor]:
-        """cos and sin for every position, [max_positions, head_dim], in the model's dtype."""
-        weight = self.embed.weight
+        """cos and sin for every position, [max_positions, head_dim], in the weights' dtype."""
+        weight = self.weight_like
         if self._rope_table is None or self._rope_table[0].dtype != weight.dtype:
             c = self.config
             dims = torch.arange(0, c.head_dim, 2, dtype=torch.float32, device=weight.device)
@@ -194,25 +192,23 @@ class Decoder(nn.Module):
             self._rope_table = (emb.cos().to(weight.dtype), emb.sin().to(weight.dtype))
         return self._rope_table
 
-    def forward(self, tokens: Tensor, cache: KVCache, positions: Tensor | None = None,
-                mask: Tensor | None = None, last_logits_only: bool = False) -> tuple[Tensor, Tensor]:
-        """Run T new tokens against the cache and append them to it.
+    def run_layers(self, x: Tensor, cache: KVCache, positions: Tensor | None, mask: Tensor | None) -> Tensor:
+        """Run hidden states x [B, T, H] of T new tokens through the layers, appending them to the cache.
 
-        tokens: [B, T] ids. positions: [B, T] (default: `cache.length + arange(T)`).
+        positions: [B, T] (default: `cache.length + arange(T)`).
         mask: bool [T, S] or [B, T, S] with S = cache.length + T, True where a new token may
         attend; None means every new token sees the whole cache and the new tokens before it.
-        Returns logits [B, T, V] (or [B, 1, V] with `last_logits_only`) and features [B, T, H].
         """
-        B, T = tokens.shape
+        B, T, _ = x.shape
         start = cache.length
         if start + T > cache.capacity:
             raise ValueError(f"cache holds {cache.capacity} tokens; {start + T} requested")
         if positions is None:
-            positions = torch.arange(start, start + T, device=tokens.device).expand(B, T)
+            positions = torch.arange(start, start + T, device=x.device).expand(B, T)
         cos_table, sin_table = self.rope_table()
         cos, sin = cos_table[positions].unsqueeze(1), sin_table[positions].unsqueeze(1)
         if mask is None and T > 1 and start > 0:
-            mask = causal_mask(start, T, tokens.device)
+            mask = causal_mask(start, T, x.device)
         window = self.config.sliding_window
         if window is not None and int(positions.max()) >= window:
             mask = self._windowed(mask, positions, start, T)
@@ -221,13 +217,10 @@ class Decoder(nn.Module):
                 mask = mask.unsqueeze(1)  # [B, 1, T, S]
             groups = self.config.num_heads // self.config.num_kv_heads
             mask = mask.repeat(*([1] * (mask.dim() - 2)), groups, 1)  # rows (group, t), as in Attention
-        x = self.embed(tokens)
         for i, layer in enumerate(self.layers):
             x = layer(x, cos, sin, cache.k[i], cache.v[i], start, mask)
         cache.length, cache.written = start + T, T
-        features = self.norm(x)
-        logits = self.lm_head(features[:, -1:] if last_logits_only else features)
-        return logits, features
+        return x
 
     def _windowed(self, mask: Tensor | None, positions: Tensor, start: int, T: int) -> Tensor:
         """Add the sliding-window limit to a mask (Mistral): a key sits at most window-1 behind."""
@@ -237,3 +230,29 @@ class Decoder(nn.Module):
         key_pos = torch.cat((cache_pos, positions), dim=1)  # [B, S]
         in_window = key_pos[:, None, :] > positions[:, :, None] - self.config.sliding_window
         return mask & in_window
+
+
+class Decoder(Stack):
+    """The target model. Parameters use fused q/k/v and gate/up projections (see `load.py`)."""
+
+    def __init__(self, config: ModelConfig):
+        super().__init__(config, config.num_layers)
+        c = config
+        self.embed = nn.Embedding(c.vocab_size, c.hidden_size)
+        self.norm = RMSNorm(c.hidden_size, c.rms_norm_eps)
+        self.lm_head = Linear(c.hidden_size, c.vocab_size, bias=False)
+        self.tie_weights()
+
+    def tie_weights(self) -> None:
+        """Share the embedding with the LM head where the config says so (again after loading)."""
+        if self.config.tie_word_embeddings:
+            self.lm_head.weight = self.embed.weight
+
+    def forward(self, tokens: Tensor, cache: KVCache, positions: Tensor | None = None,
+                mask: Tensor | None = None, last_logits_only: bool = False) -> tuple[Tensor, Tensor]:
+        """Run T new tokens [B, T] against the cache and append them to it (positions and mask as
+        in `Stack.run_layers`). Returns logits [B, T, V] (or [B, 1, V] with `last_logits_only`)
+        and features [B, T, H], the hidden states after the final norm."""
+        features = self.norm(self.run_layers(self.embed(tokens), cache, positions, mask))
+        logits = self.lm_head(features[:, -1:] if last_logits_only else features)
+        return logits, features

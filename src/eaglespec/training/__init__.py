@@ -1,0 +1,1 @@
+"""Training EAGLE heads: data, feature extraction, trainer."""

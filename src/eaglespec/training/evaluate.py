@@ -1,0 +1,93 @@
+"""Held-out acceptance of a head: n-alpha, the draft's top-1 agreement with the target's greedy
+next token when its input holds n features it predicted itself (n = 0 is true features).
+
+Chains start at every position j: step 0 reads the true (f[j], t[j+1]); step k reads the
+feature it predicted at step k-1 and the true token t[j+k+1]. Each step attends to the true
+features up to j and to its own chain, exactly as chain drafting does at inference.
+"""
+
+from __future__ import annotations
+
+import json
+
+import torch
+
+from eaglespec.heads.head import EagleHead
+
+
+def head_tokens(head: EagleHead, tokens: torch.Tensor) -> torch.Tensor:
+    """The token the head reads beside f[j]: t[j+1] (shifted variants) or t[j]. Length T - 1."""
+    return tokens[:-1] if head.input_variant == "feature+unshifted-token" else tokens[1:]
+
+
+@torch.no_grad()
+def chain_agreement(head: EagleHead, sample: dict[str, torch.Tensor], depth: int = 4,
+                    dtype: torch.dtype | None = None) -> tuple[list[int], list[int]]:
+    """Per n = 0..depth: (top-1 agreements, positions scored) on one conversation's features."""
+    dtype = dtype or head.weight_like.dtype
+    tokens = sample["tokens"].long()
+    feats = sample["features"].to(dtype)
+    valid = sample["loss_mask"].bool()
+    argmax = sample["target_argmax"].long()
+    L = len(tokens) - 1
+    inputs = head_tokens(head, tokens)
+    cache = head.new_cache(sum(max(L - k, 0) for k in range(depth + 1)), dtype=dtype)
+    prev = head(feats[None, :-1], inputs[None], cache)[0]
+    bases = [0]
+    correct, counts = [], []
+    for k in range(depth + 1):
+        n = L - k
+        if n <= 0:
+            correct.append(0)
+            counts.append(0)
+            continue
+        if k > 0:
+            bases.append(cache.length)
+            j = torch.arange(n)
+            mask = torch.zeros(n, cache.length + n, dtype=torch.bool)
+            mask[:, :L] = torch.arange(L)[None, :] <= j[:, None]  # true features up to j
+            for base in bases[1:]:
+                mask[j, base + j] = True  # the chain's own earlier steps, and itself
+            prev = head(prev[None, :n], inputs[None, k:k + n], cache, positions=(j + k)[None], mask=mask)[0]
+        draft = head.to_target(head.logits(prev).argmax(-1))
+        scored = valid[k + 1:k + 1 + n]
+        correct.append(int(((draft == argmax[k + 1:k + 1 + n]) & scored).sum()))
+        counts.append(int(scored.sum()))
+    return correct, counts
+
+
+def evaluate(head: EagleHead, samples, depth: int = 4) -> dict:
+    """alpha: [0-alpha, ..., depth-alpha] over all samples, and the number of tokens scored."""
+    correct, counts = [0] * (depth + 1), [0] * (depth + 1)
+    for sample in samples:
+        c, n = chain_agreement(head, sample, depth)
+        correct = [a + b for a, b in zip(correct, c)]
+        counts = [a + b for a, b in zip(counts, n)]
+    return {"alpha": [c / n if n else 0.0 for c, n in zip(correct, counts)], "tokens_scored": counts[0]}
+
+
+def held_out_alpha(model: str, head_spec: str, limit: int, depth: int = 4, dtype: str = "bfloat16") -> dict:
+    """n-alpha of a head on the held-out conversations of the data split it was trained with.
+
+    Features come from a target forward of each conversation (nothing is written to disk).
+    """
+    from eaglespec.heads.checkpoint import load_head, resolve_head
+    from eaglespec.models.load import load_target
+    from eaglespec.training.data import ReadReport, render
+    from eaglespec.training.features import ExtractConfig, select, target_outputs
+
+    target = load_target(model, dtype)
+    head = load_head(head_spec, target)
+    trained = json.loads((resolve_head(head_spec, target.name) / "config.json").read_text())
+    split = trained.get("eaglespec", {}).get("split", {})
+    config = ExtractConfig(model, split.get("source", "sharegpt"), "heldout", limit,
+                           split.get("max_len", 2048), split.get("heldout_fraction", 0.02), split.get("seed", 0))
+    conversations = select(config, ReadReport())
+
+    def samples():
+        for conversation in conversations:
+            ids, mask = render(target.tokenizer, conversation, config.max_len)
+            yield {"tokens": torch.tensor(ids), "loss_mask": torch.tensor(mask), **target_outputs(target, ids)}
+
+    return {"model": model, "head": head_spec, **evaluate(head, samples(), depth),
+            "conversations": len(conversations)}
