@@ -1,11 +1,12 @@
 """The command line: JSON output, equality with transformers, and one-line errors for bad input."""
 
 import json
+import shutil
+from pathlib import Path
 
 import pytest
 import torch
 from click.testing import CliRunner
-from transformers import AutoModelForCausalLM, LlamaConfig
 
 from eaglespec.cli import main
 
@@ -43,15 +44,9 @@ def test_models_lists_the_bundled_models():
 
 
 @pytest.fixture
-def tiny_folder(tmp_path, smollm2):
-    """A Hugging Face folder: a tiny random Llama with SmolLM2's tokenizer."""
-    config = LlamaConfig(vocab_size=49152, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
-                         num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=256,
-                         eos_token_id=2, bos_token_id=1)
-    torch.manual_seed(0)
-    AutoModelForCausalLM.from_config(config).save_pretrained(tmp_path / "tiny")
-    smollm2.tokenizer.save_pretrained(tmp_path / "tiny")
-    return tmp_path / "tiny"
+def tiny_folder(tmp_path, tiny_target_folder):
+    """A copy of the tiny target folder that a test may damage."""
+    return Path(shutil.copytree(tiny_target_folder, tmp_path / "tiny"))
 
 
 def test_local_hugging_face_folder(tiny_folder):

@@ -186,10 +186,11 @@ def extract(model_spec, data, split, limit, max_len, heldout_fraction, seed, sha
 @click.option("--no-autocast", is_flag=True, help="Train in fp32 even where bf16 autocast is available.")
 @click.option("--seed", default=0, show_default=True)
 @click.option("--max-minutes", default=None, type=float, help="Stop after this long; run again to resume.")
+@click.option("--max-steps", default=None, type=int, help="Stop once this many steps are done; run again to resume.")
 @click.option("--threads", default=None, type=int)
 def train(model_spec, train_dir, heldout_dir, out, epochs, lr, beta1, beta2, weight_decay, grad_clip,
           warmup_steps, batch_conversations, noise, draft_vocab, num_layers, input_variant, init,
-          checkpoint_every, eval_limit, no_autocast, seed, max_minutes, threads) -> None:
+          checkpoint_every, eval_limit, no_autocast, seed, max_minutes, max_steps, threads) -> None:
     """Train an EAGLE head on extracted features (resumes from OUT; runs unchanged under torchrun)."""
     import torch
 
@@ -197,10 +198,14 @@ def train(model_spec, train_dir, heldout_dir, out, epochs, lr, beta1, beta2, wei
 
     if threads:
         torch.set_num_threads(threads)
-    config = TrainConfig(model_spec, str(train_dir), str(out), heldout_dir and str(heldout_dir), epochs, lr,
-                         (beta1, beta2), weight_decay, grad_clip, warmup_steps, batch_conversations, noise,
-                         1.0, 0.1, draft_vocab, num_layers, input_variant, init, checkpoint_every, eval_limit,
-                         not no_autocast, seed, max_minutes)
+    config = TrainConfig(
+        model=model_spec, train_dir=str(train_dir), out=str(out), heldout_dir=heldout_dir and str(heldout_dir),
+        epochs=epochs, lr=lr, betas=(beta1, beta2), weight_decay=weight_decay, grad_clip=grad_clip,
+        warmup_steps=warmup_steps, batch_conversations=batch_conversations, noise=noise,
+        draft_vocab=draft_vocab, num_layers=num_layers, input_variant=input_variant, init=init,
+        checkpoint_every=checkpoint_every, eval_limit=eval_limit, autocast=not no_autocast, seed=seed,
+        max_minutes=max_minutes, max_steps=max_steps,
+    )
     try:
         run_train(config, log=lambda m: click.echo(m, err=True))
     except KeyboardInterrupt:

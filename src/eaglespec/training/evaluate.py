@@ -21,38 +21,42 @@ def head_tokens(head: EagleHead, tokens: torch.Tensor) -> torch.Tensor:
 
 
 @torch.no_grad()
-def chain_agreement(head: EagleHead, sample: dict[str, torch.Tensor], depth: int = 4,
-                    dtype: torch.dtype | None = None) -> tuple[list[int], list[int]]:
-    """Per n = 0..depth: (top-1 agreements, positions scored) on one conversation's features."""
+def chain_predictions(head: EagleHead, sample: dict[str, torch.Tensor], depth: int = 4,
+                      dtype: torch.dtype | None = None) -> list[torch.Tensor]:
+    """Per step k = 0..depth: the features [L - k, H] predicted by the chains j = 0..L-1-k (L = T - 1)."""
     dtype = dtype or head.weight_like.dtype
     tokens = sample["tokens"].long()
     feats = sample["features"].to(dtype)
-    valid = sample["loss_mask"].bool()
-    argmax = sample["target_argmax"].long()
     L = len(tokens) - 1
     inputs = head_tokens(head, tokens)
     cache = head.new_cache(sum(max(L - k, 0) for k in range(depth + 1)), dtype=dtype)
-    prev = head(feats[None, :-1], inputs[None], cache)[0]
-    bases = [0]
-    correct, counts = [], []
-    for k in range(depth + 1):
+    steps = [head(feats[None, :-1], inputs[None], cache)[0]]
+    bases = []
+    for k in range(1, depth + 1):
         n = L - k
         if n <= 0:
-            correct.append(0)
-            counts.append(0)
-            continue
-        if k > 0:
-            bases.append(cache.length)
-            j = torch.arange(n)
-            mask = torch.zeros(n, cache.length + n, dtype=torch.bool)
-            mask[:, :L] = torch.arange(L)[None, :] <= j[:, None]  # true features up to j
-            for base in bases[1:]:
-                mask[j, base + j] = True  # the chain's own earlier steps, and itself
-            prev = head(prev[None, :n], inputs[None, k:k + n], cache, positions=(j + k)[None], mask=mask)[0]
-        draft = head.to_target(head.logits(prev).argmax(-1))
+            break
+        bases.append(cache.length)
+        j = torch.arange(n)
+        mask = torch.zeros(n, cache.length + n, dtype=torch.bool)
+        mask[:, :L] = torch.arange(L)[None, :] <= j[:, None]  # true features up to j
+        for base in bases:
+            mask[j, base + j] = True  # the chain's own earlier steps, and itself
+        steps.append(head(steps[-1][None, :n], inputs[None, k:k + n], cache, positions=(j + k)[None], mask=mask)[0])
+    return steps
+
+
+def chain_agreement(head: EagleHead, sample: dict[str, torch.Tensor], depth: int = 4) -> tuple[list[int], list[int]]:
+    """Per n = 0..depth: (top-1 agreements, positions scored) on one conversation's features."""
+    valid = sample["loss_mask"].bool()
+    argmax = sample["target_argmax"].long()
+    correct, counts = [0] * (depth + 1), [0] * (depth + 1)
+    for k, predicted in enumerate(chain_predictions(head, sample, depth)):
+        n = len(predicted)
+        draft = head.to_target(head.logits(predicted).argmax(-1))
         scored = valid[k + 1:k + 1 + n]
-        correct.append(int(((draft == argmax[k + 1:k + 1 + n]) & scored).sum()))
-        counts.append(int(scored.sum()))
+        correct[k] = int(((draft == argmax[k + 1:k + 1 + n]) & scored).sum())
+        counts[k] = int(scored.sum())
     return correct, counts
 
 

@@ -56,7 +56,14 @@ class TrainConfig:
     eval_limit: int | None = None  # held-out conversations scored each epoch
     autocast: bool = True
     seed: int = 0
-    max_minutes: float | None = None  # stop (resumable) after this long
+    max_minutes: float | None = None  # stop (resumable) after this long in this run
+    max_steps: int | None = None  # stop (resumable) once this many steps are done
+
+    def same_run(self, other: dict) -> bool:
+        """Equal up to the stopping limits, which may change between stretches of one run."""
+        limits = ("max_minutes", "max_steps")
+        return {k: v for k, v in asdict(self).items() if k not in limits} == \
+            {k: v for k, v in other.items() if k not in limits}
 
 
 @dataclass
@@ -161,7 +168,7 @@ def train(config: TrainConfig, log=print) -> State:
     checkpoint = out / "checkpoint.pt"
     if checkpoint.is_file():
         saved = torch.load(checkpoint, weights_only=False)
-        if saved["config"] != asdict(config) | {"max_minutes": saved["config"]["max_minutes"]}:
+        if not config.same_run(saved["config"]):
             raise InvalidArgumentError(f"{checkpoint} was made with other settings: use another --out folder")
         head.load_state_dict(saved["head"])
         optimizer.load_state_dict(saved["optimizer"])
@@ -182,6 +189,7 @@ def train(config: TrainConfig, log=print) -> State:
                          checkpoint)
 
     started = time.monotonic()
+    step_rng = generator.get_state()
     bar = tqdm(total=per_epoch * config.epochs, initial=state.step, unit="step", desc="training",
                disable=rank != 0)
     try:
@@ -192,13 +200,14 @@ def train(config: TrainConfig, log=print) -> State:
                 samples = [train_set[int(i)] for i in ids]
                 total = sum(int(s["loss_mask"][1:].sum()) for s in samples)
                 mine = samples[rank::world]
+                step_rng = generator.get_state()  # restored if Ctrl-C cuts this step short
                 loss_sum, hits = 0.0, 0
                 for i, sample in enumerate(mine):
                     last = i == len(mine) - 1
                     with model.no_sync() if distributed and not last else nullcontext():
                         loss, _, hit = conversation_loss(head, sample, config, generator, autocast, model)
                         (loss * world / max(total, 1)).backward()
-                    loss_sum += float(loss)
+                    loss_sum += loss.item()
                     hits += hit
                 grad_norm = torch.nn.utils.clip_grad_norm_(params, config.grad_clip)
                 optimizer.step()
@@ -216,9 +225,10 @@ def train(config: TrainConfig, log=print) -> State:
                 bar.set_postfix(loss=f"{state.history[-1]['loss']:.3f}", top1=f"{state.history[-1]['top1']:.3f}")
                 if state.step % config.checkpoint_every == 0:
                     save()
-                if config.max_minutes and time.monotonic() - started > config.max_minutes * 60:
+                out_of_time = config.max_minutes and time.monotonic() - started > config.max_minutes * 60
+                if out_of_time or (config.max_steps and state.step >= config.max_steps):
                     save()
-                    log(f"stopped after {config.max_minutes} minutes at step {state.step}; run again to resume")
+                    log(f"stopped at step {state.step}; run the same command again to resume")
                     return state
             state.epoch += 1
             state.batch = 0
@@ -236,6 +246,7 @@ def train(config: TrainConfig, log=print) -> State:
                 plot_curves(state, out / "curves.png")
             save()
     except KeyboardInterrupt:
+        generator.set_state(step_rng)  # the checkpoint is the last completed step
         save()
         log(f"interrupted: saved step {state.step} to {checkpoint}; run the same command to resume")
         raise

@@ -1,0 +1,72 @@
+"""Training data: readers, bad lines, chat-template rendering and assistant-only loss masks."""
+
+import json
+
+import pytest
+
+from eaglespec.errors import InvalidArgumentError
+from eaglespec.training.data import (Conversation, ReadReport, is_held_out, read_conversations,
+                                     read_sharegpt, render, show)
+from eaglespec.training.features import ExtractConfig, select
+
+CHAT = Conversation("c", [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "Hello there!"},
+                          {"role": "user", "content": "bye"}, {"role": "assistant", "content": "Bye now."}])
+
+
+def test_mask_covers_exactly_the_assistant_turns(smollm2):
+    tok = smollm2.tokenizer
+    ids, mask = render(tok, CHAT, 4096)
+    trained = tok.decode([t for t, m in zip(ids, mask) if m])
+    assert trained == "Hello there!<|im_end|>\nBye now.<|im_end|>\n"
+    assert tok.decode(ids) == tok.apply_chat_template(CHAT.messages, tokenize=False)
+    assert show(tok, CHAT).count("[[") == 2 and "[[Hello there!<|im_end|>\n]]" in show(tok, CHAT)
+
+
+def test_truncation_keeps_mask_aligned(smollm2):
+    ids, mask = render(smollm2.tokenizer, CHAT, 10)
+    assert len(ids) == len(mask) == 10
+
+
+def test_jsonl_formats_and_malformed_lines(tmp_path):
+    lines = [
+        json.dumps({"conversations": [{"from": "human", "value": "a"}, {"from": "gpt", "value": "b"}]}),
+        "{not json",
+        json.dumps({"messages": [{"role": "user", "content": "c"}, {"role": "assistant", "content": "d"}]}),
+        json.dumps({"messages": [{"role": "user", "content": "only a question"}]}),
+        json.dumps({"something": 1}),
+        json.dumps({"text": "plain text is trained on everywhere"}),
+    ]
+    path = tmp_path / "data.jsonl"
+    path.write_text("\n".join(lines) + "\n")
+    report = ReadReport()
+    conversations = list(read_conversations(str(path), report))
+    assert [c.messages[-1]["content"] if c.messages else c.text for c in conversations] == \
+        ["b", "d", "plain text is trained on everywhere"]
+    assert report.malformed_lines == [2, 5] and report.without_assistant == 1
+    assert "skipped 2 malformed lines: 2, 5" in report.summary()
+
+
+def test_truncated_sharegpt_array_yields_complete_conversations(tmp_path):
+    record = {"id": "x", "conversations": [{"from": "human", "value": "q"}, {"from": "gpt", "value": "a"}]}
+    text = json.dumps([record, record | {"id": "y"}])
+    path = tmp_path / "cut.json"
+    path.write_text(text[: len(text) - 30])  # cut inside the second object
+    report = ReadReport()
+    assert [c.id for c in read_sharegpt(path, report)] == ["x"] and report.truncated_tail
+
+
+def test_empty_dataset_is_a_clear_error(tmp_path):
+    path = tmp_path / "empty.jsonl"
+    path.write_text(json.dumps({"messages": [{"role": "user", "content": "no answer"}]}) + "\n")
+    with pytest.raises(InvalidArgumentError, match="no conversation with an assistant turn"):
+        select(ExtractConfig("m", str(path)), ReadReport())
+    with pytest.raises(InvalidArgumentError, match="no dataset at"):
+        select(ExtractConfig("m", str(tmp_path / "missing.jsonl")), ReadReport())
+
+
+def test_held_out_split_is_fixed_and_seeded():
+    ids = [f"conv{i}" for i in range(2000)]
+    held = {i for i in ids if is_held_out(i, 0.1, seed=0)}
+    assert held == {i for i in ids if is_held_out(i, 0.1, seed=0)}
+    assert 120 < len(held) < 280
+    assert held != {i for i in ids if is_held_out(i, 0.1, seed=1)}

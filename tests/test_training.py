@@ -1,0 +1,193 @@
+"""The training pipeline on a tiny target: extraction, loss, exact resume, Ctrl-C, DDP, n-alpha."""
+
+import errno
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+import torch
+
+from eaglespec.errors import EaglespecError, InvalidArgumentError
+from eaglespec.heads.checkpoint import HeadMismatchError, load_head, save_head
+from eaglespec.heads.head import INPUT_VARIANTS, EagleHead
+from eaglespec.models.load import load_target
+from eaglespec.training import features as features_module
+from eaglespec.training import trainer as trainer_module
+from eaglespec.training.evaluate import chain_predictions, evaluate
+from eaglespec.training.features import ExtractConfig, FeatureSet, extract, target_outputs
+from eaglespec.training.trainer import TrainConfig, draft_vocabulary, train
+
+
+@pytest.fixture(scope="module")
+def dataset(tmp_path_factory):
+    path = tmp_path_factory.mktemp("data") / "count.jsonl"
+    with open(path, "w") as f:
+        for i in range(40):
+            answer = " ".join(str(n) for n in range(i, i + 30))
+            f.write(json.dumps({"id": f"c{i}", "messages": [{"role": "user", "content": f"Count from {i}."},
+                                                             {"role": "assistant", "content": answer}]}) + "\n")
+    return path
+
+
+@pytest.fixture(scope="module")
+def tiny(tiny_target_folder):
+    return load_target(str(tiny_target_folder), "float32")
+
+
+@pytest.fixture(scope="module")
+def extracted(tmp_path_factory, tiny, dataset):
+    root = tmp_path_factory.mktemp("features")
+    common = dict(model=str(tiny.folder), source=str(dataset), heldout_fraction=0.2, shard_size=4)
+    extract(tiny, ExtractConfig(split="train", **common), root / "train")
+    extract(tiny, ExtractConfig(split="heldout", **common), root / "heldout")
+    return root
+
+
+def config(extracted, out, **kwargs):
+    base = dict(model=str(extracted.parent / "x"), train_dir=str(extracted / "train"), out=str(out),
+                heldout_dir=str(extracted / "heldout"), epochs=2, lr=1e-3, warmup_steps=2,
+                batch_conversations=4, draft_vocab=256, checkpoint_every=3, autocast=False)
+    return TrainConfig(**(base | kwargs))
+
+
+@pytest.fixture
+def cfg(extracted, tiny, tmp_path):
+    return lambda name, **kw: config(extracted, tmp_path / name, model=str(tiny.folder), **kw)
+
+
+def test_extraction_matches_the_target_and_resumes(extracted, tiny, dataset):
+    train_dir = extracted / "train"
+    shards = sorted(train_dir.glob("shard-*.safetensors"))
+    assert len(shards) >= 7 and not list(train_dir.glob(".*tmp*"))
+    data = FeatureSet(train_dir)
+    sample = data[0]
+    expected = target_outputs(tiny, sample["tokens"].tolist())
+    assert torch.equal(sample["features"], expected["features"])
+    assert torch.equal(sample["target_argmax"], expected["target_argmax"])
+    # a restart redoes only what is missing, and ignores a half-written file
+    times = {s.name: s.stat().st_mtime_ns for s in shards}
+    shards[1].unlink()
+    (train_dir / ".shard-00002.safetensors.tmp123").write_bytes(b"half")
+    config = ExtractConfig(model=str(tiny.folder), source=str(dataset), heldout_fraction=0.2, shard_size=4)
+    extract(tiny, config, train_dir)
+    assert shards[1].is_file() and shards[0].stat().st_mtime_ns == times[shards[0].name]
+    assert len(FeatureSet(train_dir)) == len(data)
+    with pytest.raises(InvalidArgumentError, match="other settings"):
+        extract(tiny, ExtractConfig(model=str(tiny.folder), source=str(dataset), heldout_fraction=0.2,
+                                    shard_size=4, max_len=64), train_dir)
+
+
+def test_full_disk_stops_cleanly(tiny, dataset, tmp_path, monkeypatch):
+    def full(*args, **kwargs):
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(features_module, "save_file", full)
+    with pytest.raises(EaglespecError, match="disk is full"):
+        extract(tiny, ExtractConfig(model=str(tiny.folder), source=str(dataset), shard_size=4), tmp_path / "f")
+    assert not list((tmp_path / "f").glob("*shard*"))
+
+
+def test_draft_vocabulary_is_the_most_frequent_assistant_tokens(extracted, tiny):
+    data = FeatureSet(extracted / "train")
+    vocab = draft_vocabulary(data, 8)
+    counts = torch.zeros(49152, dtype=torch.long)
+    for i in range(len(data)):
+        s = data[i]
+        counts += torch.bincount(s["tokens"][s["loss_mask"].bool()].long(), minlength=49152)
+    outside = torch.ones(49152, dtype=torch.bool)
+    outside[vocab] = False
+    assert len(set(vocab.tolist())) == 8 and counts[vocab].min() >= counts[outside].max()  # ties either way
+
+
+def test_resume_equals_an_uninterrupted_run(cfg):
+    whole = train(cfg("whole"), log=lambda m: None)
+    first = train(cfg("split", max_steps=3), log=lambda m: None)
+    assert first.step == 3
+    resumed = train(cfg("split"), log=lambda m: None)
+    assert resumed.history == whole.history and resumed.evals == whole.evals
+    a = torch.load(cfg("whole").out + "/checkpoint.pt", weights_only=False)["head"]
+    b = torch.load(cfg("split").out + "/checkpoint.pt", weights_only=False)["head"]
+    assert all(torch.equal(a[k], b[k]) for k in a)
+
+
+def test_ctrl_c_saves_and_resumes(cfg, monkeypatch):
+    whole = train(cfg("whole"), log=lambda m: None)
+    calls = {"n": 0}
+    real = trainer_module.conversation_loss
+
+    def interrupted(*args, **kwargs):
+        calls["n"] += 1
+        if calls["n"] == 10:  # in the third step (4 conversations a step)
+            raise KeyboardInterrupt
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(trainer_module, "conversation_loss", interrupted)
+    with pytest.raises(KeyboardInterrupt):
+        train(cfg("ctrl-c"), log=lambda m: None)
+    saved = torch.load(cfg("ctrl-c").out + "/checkpoint.pt", weights_only=False)
+    assert saved["state"]["step"] == 2
+    monkeypatch.setattr(trainer_module, "conversation_loss", real)
+    assert train(cfg("ctrl-c"), log=lambda m: None).history == whole.history
+
+
+@pytest.mark.parametrize("variant", INPUT_VARIANTS)
+def test_every_input_variant_trains_and_saves(cfg, variant, tiny):
+    state = train(cfg(variant, input_variant=variant, epochs=1), log=lambda m: None)
+    assert state.step > 0 and len(state.evals[0]["alpha"]) == 5
+    head = load_head(cfg(variant).out + "/head", tiny)
+    assert head.input_variant == variant and head.vocab_size == 256
+
+
+def test_training_learns_the_counting_pattern(cfg):
+    state = train(cfg("learn", epochs=6, draft_vocab=0), log=lambda m: None)
+    assert state.evals[-1]["alpha"][0] > state.evals[0]["alpha"][0] + 0.03  # from 0.0 to about 0.065
+    assert state.history[-1]["loss"] < 0.95 * state.history[0]["loss"]
+
+
+def test_chain_predictions_match_step_by_step_drafting(tiny, extracted):
+    torch.manual_seed(1)
+    head = EagleHead(tiny.model.config).attach(tiny.model).eval()
+    sample = FeatureSet(extracted / "heldout")[0]
+    steps = chain_predictions(head, sample, depth=3)
+    tokens, feats = sample["tokens"].long(), sample["features"].float()
+    for j in (0, 5, 17):
+        with torch.no_grad():
+            cache = head.new_cache(64)
+            predicted = head(feats[None, :j + 1], tokens[None, 1:j + 2], cache)[0, -1:]
+            for k in range(4):
+                assert torch.allclose(predicted[0], steps[k][j], atol=1e-4)
+                predicted = head(predicted[None], tokens[None, j + k + 2:j + k + 3], cache)[0]
+
+
+def test_head_checkpoint_has_official_keys_and_refuses_another_target(tiny, smollm2, tmp_path):
+    head = EagleHead(tiny.model.config).attach(tiny.model, torch.arange(10))
+    save_head(head, tmp_path / "head", "tiny")
+    from safetensors import safe_open
+
+    keys = set(safe_open(str(tmp_path / "head" / "model.safetensors"), "pt").keys())
+    assert {"fc.weight", "fc.bias", "layers.0.self_attn.q_proj.weight", "layers.0.mlp.gate_proj.weight",
+            "layers.0.post_attention_layernorm.weight", "draft_vocab"} <= keys
+    assert not any("input_layernorm" in k for k in keys)
+    loaded = load_head(str(tmp_path / "head"), tiny)
+    assert torch.equal(loaded.fc.weight, head.fc.weight) and loaded.draft_vocab.tolist() == list(range(10))
+    with pytest.raises(HeadMismatchError, match="use a head trained for this target"):
+        load_head(str(tmp_path / "head"), smollm2)
+
+
+def test_two_processes_under_torchrun_match_one(cfg, tmp_path):
+    single = train(cfg("single", epochs=1), log=lambda m: None)
+    c = cfg("ddp", epochs=1)
+    env = os.environ | {"OMP_NUM_THREADS": "1"}
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2", "-m",
+           "eaglespec.cli", "train", "--model", c.model, "--train-features", c.train_dir, "--heldout-features",
+           c.heldout_dir, "--out", c.out, "--epochs", "1", "--lr", "1e-3", "--warmup-steps", "2", "--batch", "4",
+           "--draft-vocab", "256", "--checkpoint-every", "3", "--no-autocast"]
+    done = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stderr[-2000:]
+    a = torch.load(cfg("single").out + "/checkpoint.pt", weights_only=False)
+    b = torch.load(c.out + "/checkpoint.pt", weights_only=False)
+    for k in a["head"]:
+        assert torch.allclose(a["head"][k], b["head"][k], atol=1e-5), k
+    assert [h["loss"] for h in b["state"]["history"]] == pytest.approx([h["loss"] for h in single.history], rel=1e-5)
