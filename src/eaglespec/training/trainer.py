@@ -4,8 +4,7 @@ loss = SmoothL1(f_hat, f) + 0.1 * CE(softmax(LMHead(f)), log_softmax(LMHead(f_ha
 positions, with U(-noise, noise) on the input features; AdamW with warmup then linear decay,
 gradient clipping, bf16 autocast where the CPU supports it.
 
-A run folder holds `checkpoint.pt` (head, optimizer, scheduler, noise RNG, data position,
-history), written atomically every N steps, at each epoch end and on Ctrl-C; the same command
+A run folder holds `checkpoint.pt` (head, optimizer, scheduler, data position, history), written atomically every N steps, at each epoch end and on Ctrl-C; the same command
 resumes exactly where it stopped. Under torchrun each optimizer step's conversations are split
 over the ranks (DistributedDataParallel, gloo on CPU, nccl on GPU); the loss is normalized by the
 global count of scored tokens, so K processes compute the same update as one.
@@ -108,10 +107,11 @@ def conversation_loss(head: EagleHead, sample: dict, config: TrainConfig, genera
         with torch.no_grad():
             target_logits = head.logits(target)
     target_p = torch.exp(target_logits.float() - sample["target_lse"][1:, None])
-    token_loss = -(target_p * torch.log_softmax(draft_logits.float(), -1)).sum(-1)
+    draft_logits = draft_logits.float()
+    token_loss = -(target_p * torch.log_softmax(draft_logits, -1)).sum(-1)
     feature_loss = F.smooth_l1_loss(predicted.float(), target, reduction="none").mean(-1)
     loss = config.feature_loss_weight * feature_loss + config.token_loss_weight * token_loss
-    hits = head.to_target(draft_logits.argmax(-1)) == sample["target_argmax"][1:].long()
+    hits = head.to_target(draft_logits.detach().argmax(-1)) == sample["target_argmax"][1:].long()
     return (loss * scored).sum(), int(scored.sum()), int((hits & scored).sum())
 
 
@@ -161,7 +161,6 @@ def train(config: TrainConfig, log=print) -> State:
     if per_epoch == 0:
         raise InvalidArgumentError(f"{len(train_set)} conversations make no batch of {config.batch_conversations}")
     scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, _schedule(config, per_epoch * config.epochs))
-    generator = torch.Generator().manual_seed(config.seed * 1000 + rank)
     state = State()
     autocast = config.autocast and torch.ops.mkldnn._is_mkldnn_bf16_supported()
 
@@ -173,23 +172,15 @@ def train(config: TrainConfig, log=print) -> State:
         head.load_state_dict(saved["head"])
         optimizer.load_state_dict(saved["optimizer"])
         scheduler.load_state_dict(saved["scheduler"])
-        generator.set_state(saved["generators"][rank])
         state = State(**saved["state"])
         log(f"resuming at epoch {state.epoch + 1}, step {state.step}")
 
     def save() -> None:
-        states = [None] * world
-        if distributed:
-            dist.all_gather_object(states, generator.get_state())
-        else:
-            states = [generator.get_state()]
         if rank == 0:
             _atomic_save({"config": asdict(config), "head": head.state_dict(), "optimizer": optimizer.state_dict(),
-                          "scheduler": scheduler.state_dict(), "generators": states, "state": asdict(state)},
-                         checkpoint)
+                          "scheduler": scheduler.state_dict(), "state": asdict(state)}, checkpoint)
 
     started = time.monotonic()
-    step_rng = generator.get_state()
     bar = tqdm(total=per_epoch * config.epochs, initial=state.step, unit="step", desc="training",
                disable=rank != 0)
     try:
@@ -199,13 +190,14 @@ def train(config: TrainConfig, log=print) -> State:
                 ids = order[state.batch * config.batch_conversations:(state.batch + 1) * config.batch_conversations]
                 samples = [train_set[int(i)] for i in ids]
                 total = sum(int(s["loss_mask"][1:].sum()) for s in samples)
-                mine = samples[rank::world]
-                step_rng = generator.get_state()  # restored if Ctrl-C cuts this step short
                 loss_sum, hits = 0.0, 0
-                for i, sample in enumerate(mine):
-                    last = i == len(mine) - 1
+                for n, (i, sample) in enumerate(list(zip(ids.tolist(), samples))[rank::world]):
+                    last = n == len(samples[rank::world]) - 1
+                    # the noise of a conversation depends on (seed, epoch, conversation) only, so
+                    # resuming and any number of processes draw the same noise
+                    noise = torch.Generator().manual_seed((config.seed * 1000 + state.epoch) * 10_000_000 + i)
                     with model.no_sync() if distributed and not last else nullcontext():
-                        loss, _, hit = conversation_loss(head, sample, config, generator, autocast, model)
+                        loss, _, hit = conversation_loss(head, sample, config, noise, autocast, model)
                         (loss * world / max(total, 1)).backward()
                     loss_sum += loss.item()
                     hits += hit
@@ -246,8 +238,7 @@ def train(config: TrainConfig, log=print) -> State:
                 plot_curves(state, out / "curves.png")
             save()
     except KeyboardInterrupt:
-        generator.set_state(step_rng)  # the checkpoint is the last completed step
-        save()
+        save()  # the last completed step
         log(f"interrupted: saved step {state.step} to {checkpoint}; run the same command to resume")
         raise
     finally:
