@@ -79,7 +79,6 @@ def main() -> None:
             "speedup_min": min(ratios),
             "runs": speeds,
         }
-        del hf, target
     write_json(report, args.out)
     print("| model | eaglespec tokens/s | transformers tokens/s | speedup (median, min) |")
     print("|---|---|---|---|")

@@ -15,7 +15,7 @@ from eaglespec.heads.head import INPUT_VARIANTS, EagleHead
 from eaglespec.models.load import load_target
 from eaglespec.training import features as features_module
 from eaglespec.training import trainer as trainer_module
-from eaglespec.training.evaluate import chain_predictions, evaluate
+from eaglespec.training.evaluate import chain_predictions
 from eaglespec.training.features import ExtractConfig, FeatureSet, extract, target_outputs
 from eaglespec.training.trainer import TrainConfig, draft_vocabulary, train
 
