@@ -152,8 +152,6 @@ def train(config: TrainConfig, log=print) -> State:
         head.init_from_target(target.model)
     elif config.init != "random":
         raise InvalidArgumentError(f"init must be 'random' or 'target-last-layer', got '{config.init}'")
-    head.layers.requires_grad_(True)
-    head.fc.requires_grad_(True)
     model = torch.nn.parallel.DistributedDataParallel(head) if distributed else head
     params = [p for p in head.parameters() if p.requires_grad]
     optimizer = torch.optim.AdamW(params, lr=config.lr, betas=config.betas, weight_decay=config.weight_decay)
