@@ -4,8 +4,8 @@ import pytest
 import torch
 from conftest import tiny_pair
 
-from eaglespec.decoding.loop import DecodeStats, decode
 from eaglespec.decoding.generate import Generation, generate, prompt_ids
+from eaglespec.decoding.loop import DecodeStats, decode
 from eaglespec.decoding.sampling import SamplingParams, warp
 from eaglespec.errors import InvalidArgumentError, PromptTooLongError
 
@@ -95,13 +95,25 @@ def test_warp_top_k_and_top_p():
     assert torch.allclose(p, torch.softmax(logits / 0.5, -1))
 
 
-def test_sampling_follows_the_warped_distribution():
-    """Frequencies of next_token draws match warp() (a chi-square-sized tolerance)."""
-    from eaglespec.decoding.sampling import next_token
+def test_draws_follow_the_warped_distribution():
+    """Single draws follow warp(); draws without replacement follow the sequential rule
+    (second pick from q renormalized without the first). Chi-square-sized tolerances."""
+    from eaglespec.decoding.verify import Draws
 
-    logits = torch.log(torch.tensor([0.4, 0.3, 0.2, 0.1])).repeat(20000, 1)
     params = SamplingParams(temperature=1.0, top_k=3, seed=0)
-    draws = next_token(logits, params, params.generator())
-    freq = torch.bincount(draws, minlength=4).float() / len(draws)
+    q = warp(torch.log(torch.tensor([0.4, 0.3, 0.2, 0.1])), params)
+    draws = Draws(params.generator())
+    singles = torch.tensor([draws.sample(q) for _ in range(20000)])
+    freq = torch.bincount(singles, minlength=4).float() / len(singles)
     expected = torch.tensor([4 / 9, 3 / 9, 2 / 9, 0])
     assert freq[3] == 0 and (freq - expected).abs().max() < 0.015
+    rows = draws.distinct(torch.stack([q, torch.tensor([0, 0, 1.0, 0])]).repeat(10000, 1), 5)
+    assert {len(r) for r in rows[0::2]} == {3} and rows[1::2] == [[2]] * 10000  # picks only tokens with mass
+    pairs = torch.tensor(rows[0::2])
+    first_two = torch.bincount(pairs[:, 0] * 4 + pairs[:, 1], minlength=16).float() / 10000
+    exact = torch.zeros(16)
+    for a in range(3):
+        for b in range(3):
+            if a != b:
+                exact[a * 4 + b] = q[a] * q[b] / (1 - q[a])
+    assert (first_two - exact).abs().max() < 0.02

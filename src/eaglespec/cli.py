@@ -74,46 +74,66 @@ def fetch(name: str) -> None:
 @click.option("--stop", multiple=True, help="Stop string (repeatable); the text ends before it.")
 @click.option("--ignore-eos", is_flag=True, help="Keep generating past EOS (for benchmarks).")
 @click.option("--dtype", type=click.Choice(["bfloat16", "float32"]), default="bfloat16", show_default=True)
-@click.option("--method", type=click.Choice(["vanilla"]), default="vanilla", show_default=True)
+@click.option("--method", type=click.Choice(["vanilla", "eagle"]), default="vanilla", show_default=True)
+@click.option("--head", "head_spec", default="default", show_default=True,
+              help="EAGLE head: a folder from `eaglespec train`, or 'default' for the shipped one.")
+@click.option("--tree", default="auto", show_default=True,
+              help="EAGLE draft tree: eagle1 | chain:K | dynamic[:topk=T,depth=D,tokens=N] | auto.")
+@click.option("--compare-vanilla", is_flag=True,
+              help="Then run vanilla decoding on the same prompt and report the speedup.")
 @click.option("--device", default="cpu", show_default=True, help="torch device, e.g. cuda.")
 @click.option("--threads", default=None, type=int, help="torch CPU threads (default: torch's choice).")
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object instead of streaming text.")
 def generate(model_spec: str, prompt: str, chat: bool, max_new_tokens: int, temperature: float,
              top_p: float, top_k: int, seed: int | None, stop: tuple[str, ...], ignore_eos: bool,
-             dtype: str, method: str, device: str, threads: int | None, as_json: bool) -> None:
+             dtype: str, method: str, head_spec: str, tree: str, compare_vanilla: bool, device: str,
+             threads: int | None, as_json: bool) -> None:
     """Generate text, streamed as it is produced, with timing on stderr."""
     import torch
 
     from eaglespec.decoding.generate import Generation
+    from eaglespec.decoding.generate import generate as generate_text
     from eaglespec.decoding.loop import check_max_new_tokens
     from eaglespec.decoding.sampling import SamplingParams
+    from eaglespec.decoding.tree import parse_tree
+    from eaglespec.heads.checkpoint import load_head
     from eaglespec.models.load import load_target
 
     check_max_new_tokens(max_new_tokens)  # reject bad values before loading anything
     SamplingParams(temperature=temperature, top_p=top_p, top_k=top_k)
+    parse_tree(tree)
     if threads:
         torch.set_num_threads(threads)
     target = load_target(model_spec, dtype, device)
-    generation = Generation(
-        target, prompt, chat=chat, max_new_tokens=max_new_tokens, temperature=temperature,
-        top_p=top_p, top_k=top_k, seed=seed, stop_strings=stop, ignore_eos=ignore_eos,
-    )
+    head = load_head(head_spec, target) if method == "eagle" else None
+    settings = {"chat": chat, "max_new_tokens": max_new_tokens, "temperature": temperature, "top_p": top_p,
+                "top_k": top_k, "seed": seed, "stop_strings": stop, "ignore_eos": ignore_eos}
+    generation = Generation(target, prompt, head=head, tree=tree, **settings)
     if as_json:
         for _ in generation:
             pass
-        click.echo(json.dumps({"model": model_spec, "method": method, "dtype": dtype,
-                               **generation.output.to_dict()}))
-        return
-    for piece in generation:
-        click.echo(piece, nl=False)
-    out = generation.output
-    click.echo()
-    sys.stdout.flush()  # the text before the timing line on stderr
-    click.echo(
-        f"[{method}] {out.new_tokens} tokens in {out.seconds:.2f} s = {out.tokens_per_s:.1f} tokens/s, "
-        f"tau {out.tau:.2f}, {out.target_forwards} target forwards, finish: {out.finish_reason}",
-        err=True,
-    )
+        result = {"model": model_spec, "dtype": dtype, **generation.output.to_dict()}
+    else:
+        for piece in generation:
+            click.echo(piece, nl=False)
+        click.echo()
+        sys.stdout.flush()  # the text before the timing lines on stderr
+        click.echo(_timing(generation.output), err=True)
+    if compare_vanilla:
+        vanilla = generate_text(target, prompt, **settings)
+        speedup = generation.output.tokens_per_s / vanilla.tokens_per_s
+        if as_json:
+            result |= {"vanilla_tokens_per_s": vanilla.tokens_per_s, "speedup": speedup}
+        else:
+            click.echo(f"{_timing(vanilla)}\nspeedup over vanilla: {speedup:.2f}x", err=True)
+    if as_json:
+        click.echo(json.dumps(result))
+
+
+def _timing(out) -> str:
+    shape = f" {out.tree}" if out.tree else ""
+    return (f"[{out.method}{shape}] {out.new_tokens} tokens in {out.seconds:.2f} s = {out.tokens_per_s:.1f} "
+            f"tokens/s, tau {out.tau:.2f}, {out.target_forwards} target forwards, finish: {out.finish_reason}")
 
 
 def _world() -> tuple[int, int]:
@@ -162,7 +182,8 @@ def extract(model_spec, data, split, limit, max_len, heldout_fraction, seed, sha
     import torch
 
     from eaglespec.models.load import load_target
-    from eaglespec.training.features import ExtractConfig, extract as run_extract
+    from eaglespec.training.features import ExtractConfig
+    from eaglespec.training.features import extract as run_extract
 
     if threads:
         torch.set_num_threads(threads)
@@ -205,7 +226,8 @@ def train(model_spec, train_dir, heldout_dir, out, epochs, lr, beta1, beta2, wei
     """Train an EAGLE head on extracted features (resumes from OUT; runs unchanged under torchrun)."""
     import torch
 
-    from eaglespec.training.trainer import TrainConfig, train as run_train
+    from eaglespec.training.trainer import TrainConfig
+    from eaglespec.training.trainer import train as run_train
 
     if threads:
         torch.set_num_threads(threads)

@@ -7,9 +7,17 @@ import time
 from collections.abc import Iterator, Sequence
 from dataclasses import asdict, dataclass
 
-from eaglespec.decoding.loop import DecodeStats, check_max_new_tokens, check_prompt, decode
+from eaglespec.decoding.eagle import EagleProposer
+from eaglespec.decoding.loop import (
+    DecodeStats,
+    check_max_new_tokens,
+    check_prompt,
+    decode,
+)
 from eaglespec.decoding.sampling import SamplingParams
+from eaglespec.decoding.tree import parse_tree
 from eaglespec.errors import InvalidArgumentError
+from eaglespec.heads.head import EagleHead
 from eaglespec.models.load import Target
 
 
@@ -24,6 +32,14 @@ class GenerationOutput:
     tokens_per_s: float
     prompt_tokens: int
     finish_reason: str
+    method: str = "vanilla"
+    tree: str | None = None  # the tree shape, for EAGLE
+    accepted_lengths: list[int] | None = None  # rounds that accepted 0, 1, 2, ... draft tokens
+    acceptance_by_depth: list[float] | None = None  # share of tested draft tokens accepted per depth
+    n_alpha: list[float] | None = None  # the same with a chain tree: 0-alpha, 1-alpha, ...
+    draft_s: float = 0.0
+    verify_s: float = 0.0  # target forwards (prefill included) and acceptance
+    other_s: float = 0.0  # detokenizing, stop strings, the loop itself
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -45,16 +61,23 @@ def prompt_ids(target: Target, prompt: str, chat: bool) -> list[int]:
 class Generation:
     """Iterate to stream text deltas as they are produced; `output` is set when done.
 
-    Arguments follow transformers' `generate` names; temperature 0 is greedy decoding.
+    Arguments follow transformers' `generate` names. Temperature 0 is greedy decoding; with
+    `do_sample` set, False is greedy and True samples (at temperature 1 if none is given). With a
+    `head`, EAGLE drafts a `tree` each round (see `decoding.tree.parse_tree`); without, vanilla.
     Checks its arguments on construction, so bad input fails before any work.
     """
 
     def __init__(self, target: Target, prompt: str | list[int], *, chat: bool = False,
                  max_new_tokens: int = 128, temperature: float = 0.0, top_p: float = 1.0,
                  top_k: int = 0, seed: int | None = None, stop_strings: Sequence[str] = (),
-                 ignore_eos: bool = False):
+                 ignore_eos: bool = False, head: EagleHead | None = None, tree: str = "auto",
+                 do_sample: bool | None = None):
+        if do_sample is not None:
+            temperature = (temperature or 1.0) if do_sample else 0.0
         self.params = SamplingParams(temperature=temperature, top_p=top_p, top_k=top_k, seed=seed)
         check_max_new_tokens(max_new_tokens)
+        self.head = head
+        self.shape = parse_tree(tree) if head is not None else None
         self.target = target
         self.ids = prompt if isinstance(prompt, list) else prompt_ids(target, prompt, chat)
         check_prompt(target.model, self.ids)
@@ -62,6 +85,18 @@ class Generation:
         self.stop = [s for s in stop_strings if s]
         self.eos = frozenset() if ignore_eos else target.eos_token_ids
         self.output: GenerationOutput | None = None
+        self.drafter: EagleProposer | None = None
+
+    def _proposer(self):
+        if self.head is None:
+            return None
+        costs = self.target.model.verify_costs() if self.shape.auto else None
+
+        def make(draws, capacity):
+            self.drafter = EagleProposer(self.head, self.shape, self.params, draws, capacity, costs)
+            return self.drafter
+
+        return make
 
     def _decode(self, ids: list[int]) -> str:
         return self.target.tokenizer.decode(ids, skip_special_tokens=True)
@@ -76,7 +111,8 @@ class Generation:
         text, emitted = "", 0
         hold = max((len(s) for s in self.stop), default=1) - 1  # a stop string may be forming
         start = time.perf_counter()
-        rounds = decode(self.target.model, self.ids, self.params, self.max_new_tokens, self.eos, stats)
+        rounds = decode(self.target.model, self.ids, self.params, self.max_new_tokens, self.eos, stats,
+                        self._proposer())
         for accepted in rounds:
             before = len(tokens)
             tokens.extend(accepted)
@@ -105,6 +141,12 @@ class Generation:
             tau=stats.tau,
             seconds=seconds, tokens_per_s=len(tokens) / seconds if seconds > 0 else 0.0,
             prompt_tokens=len(self.ids), finish_reason=stats.finish_reason,
+            method="vanilla" if self.head is None else "eagle",
+            tree=self.drafter.describe() if self.head is not None else None,
+            accepted_lengths=stats.accepted_lengths, acceptance_by_depth=stats.acceptance_by_depth(),
+            n_alpha=stats.acceptance_by_depth() if self.shape and self.shape.chain else None,
+            draft_s=stats.draft_s, verify_s=stats.verify_s,
+            other_s=max(seconds - stats.draft_s - stats.verify_s, 0.0),
         )
 
 

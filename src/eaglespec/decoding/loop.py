@@ -11,14 +11,19 @@ tau = new tokens / target forwards is exactly 1 for vanilla decoding.
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-from dataclasses import dataclass
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from typing import Protocol
 
 import torch
+from torch import Tensor
 
-from eaglespec.decoding.sampling import SamplingParams, next_token
+from eaglespec.decoding.sampling import SamplingParams
+from eaglespec.decoding.tree import DraftTree, TreeShape
+from eaglespec.decoding.verify import Draws, verify
 from eaglespec.errors import InvalidArgumentError, PromptTooLongError
 from eaglespec.models.decoder import Decoder
+from eaglespec.timing import Clock
 
 
 @dataclass
@@ -26,11 +31,34 @@ class DecodeStats:
     new_tokens: int = 0
     target_forwards: int = 0  # verification forwards; the prefill is not counted
     finish_reason: str = ""  # "eos", "length", "context" or "stop"
+    accepted_lengths: list[int] = field(default_factory=list)  # histogram: rounds that accepted i draft tokens
+    tried: list[int] = field(default_factory=list)  # per depth d - 1: draft tokens at depth d the verifier tested
+    accepted: list[int] = field(default_factory=list)  # ... and accepted
+    draft_s: float = 0.0  # proposer time, prefill of the draft included
+    verify_s: float = 0.0  # target forwards (prefill included) and acceptance
 
     @property
     def tau(self) -> float:
         """Average tokens accepted per target forward (bonus token included)."""
         return self.new_tokens / self.target_forwards if self.target_forwards else 0.0
+
+    def acceptance_by_depth(self) -> list[float]:
+        """Share of tested draft tokens accepted, per depth. With a chain these are the paper's
+        n-alpha: the token at depth n + 1 was drafted from n predicted features."""
+        return [a / t for a, t in zip(self.accepted, self.tried) if t]
+
+    def count_round(self, tree: DraftTree, path: list[int]) -> None:
+        kids = tree.children()
+        depth = len(path) + (1 if kids[path[-1] + 1 if path else 0] else 0)
+        for d in range(depth):
+            if d == len(self.tried):
+                self.tried.append(0)
+                self.accepted.append(0)
+            self.tried[d] += 1
+            self.accepted[d] += d < len(path)
+        while len(self.accepted_lengths) <= len(path):
+            self.accepted_lengths.append(0)
+        self.accepted_lengths[len(path)] += 1
 
 
 def check_max_new_tokens(max_new_tokens: int) -> None:
@@ -49,31 +77,63 @@ def check_prompt(model: Decoder, prompt_ids: list[int]) -> None:
         )
 
 
+class Proposer(Protocol):
+    """Drafts a tree under each round's root. Gets the prompt's features once, then after each
+    round the accepted tokens and the target's features at the positions before them."""
+
+    shape: TreeShape
+
+    def start(self, prompt_ids: list[int], features: Tensor) -> None: ...
+
+    def propose(self, max_depth: int) -> DraftTree: ...
+
+    def accept(self, tokens: list[int], features: Tensor) -> None: ...
+
+
 @torch.inference_mode()
 def decode(model: Decoder, prompt_ids: list[int], params: SamplingParams, max_new_tokens: int,
-           eos_token_ids: frozenset[int] = frozenset(), stats: DecodeStats | None = None) -> Iterator[list[int]]:
+           eos_token_ids: frozenset[int] = frozenset(), stats: DecodeStats | None = None,
+           proposer: Callable[[Draws, int], Proposer] | None = None) -> Iterator[list[int]]:
     """Yield the tokens each round accepts, until EOS (included), `max_new_tokens` or the context limit.
 
-    `stats` is filled in as the loop runs; closing the iterator early (stop strings) is allowed.
+    `proposer(draws, capacity)` makes the round's drafter (None: vanilla decoding). `stats` is
+    filled in as the loop runs; closing the iterator early (stop strings) is allowed.
     """
     check_max_new_tokens(max_new_tokens)
     check_prompt(model, prompt_ids)
     stats = stats if stats is not None else DecodeStats()
     device = model.embed.weight.device
-    generator = params.generator(device)
-    cache = model.new_cache(min(len(prompt_ids) + max_new_tokens, model.config.max_position_embeddings))
+    draws = Draws(params.generator(device))
+    context = model.config.max_position_embeddings
+    capacity = min(len(prompt_ids) + max_new_tokens, context)
+    drafter = proposer(draws, capacity) if proposer else None
+    cache = model.new_cache(capacity + (drafter.shape.max_nodes if drafter else 0))
+    clock = Clock(device)
     prompt = torch.tensor([prompt_ids], device=device)
     if len(prompt_ids) > 1:
-        model(prompt[:, :-1], cache, last_logits_only=True)
-    root = prompt[:, -1:]  # [1, 1]
+        _logits, features = model(prompt[:, :-1], cache, last_logits_only=True)
+        if drafter:
+            drafter.start(prompt_ids, features)
+    stats.verify_s += clock.lap()
+    root = prompt_ids[-1]
+    tree = DraftTree()
     while True:
-        if cache.length + root.shape[1] > cache.capacity:
+        if cache.length + 1 > capacity:
             stats.finish_reason = "context"
             return
-        logits, _features = model(root, cache)
+        if drafter:
+            # deeper nodes could not be accepted (max_new_tokens) or have no position (context)
+            depth = min(max_new_tokens - stats.new_tokens, context - cache.length) - 1
+            tree = drafter.propose(depth).prune(cache.capacity - cache.length - 1, depth)
+            stats.draft_s += clock.lap()
+        tokens, mask, positions = tree.verify_inputs(root, cache.length, device)
+        logits, features = model(tokens, cache, positions, mask)
+        path, bonus = verify(tree, logits[0], params, draws)
         stats.target_forwards += 1
-        accepted = next_token(logits[:, -1], params, generator).tolist()
-        accepted = accepted[: max_new_tokens - stats.new_tokens]
+        stats.count_round(tree, path)
+        kept = [0, *(i + 1 for i in path)]
+        cache.keep(kept)
+        accepted = [*(tree.tokens[i] for i in path), bonus][: max_new_tokens - stats.new_tokens]
         for i, token in enumerate(accepted):
             if token in eos_token_ids:
                 accepted = accepted[: i + 1]
@@ -82,7 +142,12 @@ def decode(model: Decoder, prompt_ids: list[int], params: SamplingParams, max_ne
         stats.new_tokens += len(accepted)
         if not stats.finish_reason and stats.new_tokens == max_new_tokens:
             stats.finish_reason = "length"
+        if drafter and not stats.finish_reason:
+            drafter.accept(accepted, features[:, kept])
+        stats.verify_s += clock.lap()
         yield accepted
+        clock.lap()  # the consumer's time is not ours
         if stats.finish_reason:
             return
-        root = torch.tensor([accepted[-1:]], device=device)
+        root = accepted[-1]
+

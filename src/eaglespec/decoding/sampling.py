@@ -59,9 +59,3 @@ def warp(logits: Tensor, params: SamplingParams) -> Tensor:
         probs = probs / probs.sum(-1, keepdim=True)
     return probs
 
-
-def next_token(logits: Tensor, params: SamplingParams, generator: torch.Generator) -> Tensor:
-    """One token per row of logits [N, V]: argmax when greedy, else a draw from `warp`. Returns [N]."""
-    if params.greedy:
-        return logits.argmax(-1)
-    return torch.multinomial(warp(logits, params), 1, generator=generator).squeeze(-1)

@@ -70,7 +70,8 @@ def resolve_head(spec: str, target_name: str) -> Path:
 
 
 def load_head(spec: str, target: Target) -> EagleHead:
-    """Load a head for `target`, refusing one trained for another model."""
+    """Load a head for `target` for inference (frozen, packed weights where exact), refusing one
+    trained for another model."""
     folder = resolve_head(spec, target.name)
     config = json.loads((folder / "config.json").read_text())
     c = target.model.config
@@ -93,5 +94,7 @@ def load_head(spec: str, target: Target) -> EagleHead:
             f"the head at {folder} does not have the expected weights (missing {missing[:3]}, "
             f"unexpected {unexpected[:3]}): it is not an EAGLE-1/2 head for this target"
         )
-    head = head.to(dtype).eval().requires_grad_(False)
-    return head.attach(target.model, draft_vocab)
+    head = head.to(target.model.weight_like.device, dtype).eval().requires_grad_(False)
+    head.attach(target.model, draft_vocab)
+    head.pack_weights()
+    return head

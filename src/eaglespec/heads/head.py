@@ -32,6 +32,7 @@ class EagleHead(Stack):
         self.draft_vocab: Tensor | None = None  # [N] target ids, None for the full vocabulary
         self.embed_weight: Tensor | None = None  # frozen, the target's
         self.lm_weight: Tensor | None = None  # frozen: the target's LM head rows of the draft vocabulary
+        self.lm_packed: Tensor | None = None  # lm_weight pre-packed for oneDNN (see `Linear`)
 
     def attach(self, target: Decoder, draft_vocab: Tensor | None = None) -> EagleHead:
         """Share the target's frozen embedding and LM head (sliced to the draft vocabulary)."""
@@ -39,7 +40,15 @@ class EagleHead(Stack):
         lm = target.lm_head.weight.detach()
         self.draft_vocab = None if draft_vocab is None else draft_vocab.to(lm.device, torch.long)
         self.lm_weight = lm if draft_vocab is None else lm[self.draft_vocab].contiguous()
+        self.lm_packed = None
         return self
+
+    def pack_weights(self) -> bool:
+        """Pre-pack the layers' and the sliced LM head's weights where exact (bf16 on CPU)."""
+        if not super().pack_weights():
+            return False
+        self.lm_packed = torch.ops.mkldnn._reorder_linear_weight(self.lm_weight, 1)
+        return True
 
     @property
     def vocab_size(self) -> int:
@@ -64,6 +73,8 @@ class EagleHead(Stack):
 
     def logits(self, features: Tensor) -> Tensor:
         """Draft logits over the draft vocabulary [..., N] (index with `to_target` for target ids)."""
+        if self.lm_packed is not None and features.dtype == self.lm_weight.dtype:
+            return torch.ops.mkldnn._linear_pointwise(features, self.lm_packed, None, "none", [], "")
         return F.linear(features, self.lm_weight.to(features.dtype))
 
     def to_target(self, draft_ids: Tensor) -> Tensor:

@@ -15,6 +15,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from eaglespec.models.config import ModelConfig
+from eaglespec.timing import Clock
 
 
 class KVCache:
@@ -182,8 +183,9 @@ class Stack(nn.Module):
     def rope_table(self) -> tuple[Tensor, Tensor]:
         """cos and sin for every position, [max_positions, head_dim], in the weights' dtype."""
         weight = self.weight_like
-        if self._rope_table is None or self._rope_table[0].dtype != weight.dtype:
-            c = self.config
+        c = self.config
+        if (self._rope_table is None or self._rope_table[0].dtype != weight.dtype
+                or len(self._rope_table[0]) != c.max_position_embeddings):
             dims = torch.arange(0, c.head_dim, 2, dtype=torch.float32, device=weight.device)
             inv_freq = 1.0 / (c.rope_theta ** (dims / c.head_dim))
             pos = torch.arange(c.max_position_embeddings, dtype=torch.float32, device=weight.device)
@@ -242,6 +244,7 @@ class Decoder(Stack):
         self.norm = RMSNorm(c.hidden_size, c.rms_norm_eps)
         self.lm_head = Linear(c.hidden_size, c.vocab_size, bias=False)
         self.tie_weights()
+        self._verify_costs: list[float] | None = None
 
     def tie_weights(self) -> None:
         """Share the embedding with the LM head where the config says so (again after loading)."""
@@ -256,3 +259,33 @@ class Decoder(Stack):
         features = self.norm(self.run_layers(self.embed(tokens), cache, positions, mask))
         logits = self.lm_head(features[:, -1:] if last_logits_only else features)
         return logits, features
+
+    @torch.inference_mode()
+    def verify_costs(self) -> list[float]:
+        """Seconds of one forward of n new tokens over 256 cached ones, for n = 0..65 (index n),
+        measured once (best of 3 at a few sizes, linear between them). Sizes `auto` draft trees."""
+        if self._verify_costs is None:
+            device = self.embed.weight.device
+            sizes = (1, 2, 4, 8, 16, 24, 32, 48, 65)
+            context = max(min(256, self.config.max_position_embeddings - sizes[-1]), 1)
+            cache = self.new_cache(context + sizes[-1])
+            self(torch.zeros(1, context, dtype=torch.long, device=device), cache, last_logits_only=True)
+            measured, clock = [], Clock(device)
+            for n in sizes:
+                tokens = torch.zeros(1, n, dtype=torch.long, device=device)
+                best = float("inf")
+                for _ in range(3):
+                    clock.lap()
+                    self(tokens, cache)
+                    best = min(best, clock.lap())
+                    cache.keep([])
+                measured.append(best)
+            costs = [0.0]
+            for n in range(1, sizes[-1] + 1):
+                i = next(j for j, size in enumerate(sizes) if size >= n)
+                lo, hi = (i - 1, i) if i else (0, 0)
+                w = 0.0 if lo == hi else (n - sizes[lo]) / (sizes[hi] - sizes[lo])
+                costs.append(measured[lo] * (1 - w) + measured[hi] * w)
+            self._verify_costs = costs
+        return self._verify_costs
+

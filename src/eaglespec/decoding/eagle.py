@@ -1,0 +1,253 @@
+"""The EAGLE proposer: the head drafts a tree, one head forward per depth level.
+
+The head's cache holds one entry per committed position j: (target feature f[j], token t[j+1]),
+at position j. Each round first appends the entries that the last verification made known
+(true target features), whose last output predicts the feature at the root and so the root's
+children. Every deeper level runs the nodes that get children, each entry reading its parent's
+predicted feature and its own token, under a tree mask, at position root + depth - 1. The draft
+entries are dropped when the tree is done; only committed entries stay.
+
+Children are the top-k draft tokens when greedy and for the dynamic tree (EAGLE-2: expand the
+best `topk` nodes by cumulative log-probability for `depth` levels, keep the best `tokens`), and
+are drawn without replacement from the warped draft distribution when sampling a static tree.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor
+
+from eaglespec.decoding.sampling import SamplingParams, warp
+from eaglespec.decoding.tree import DraftTree, TreeShape
+from eaglespec.decoding.verify import Draws
+from eaglespec.errors import InvalidArgumentError
+from eaglespec.heads.head import EagleHead
+from eaglespec.timing import Clock
+
+
+class EagleProposer:
+    def __init__(self, head: EagleHead, shape: TreeShape, params: SamplingParams, draws: Draws, capacity: int,
+                 verify_costs: list[float] | None = None):
+        """`verify_costs` (the target's `Decoder.verify_costs()`) sizes the `auto` tree."""
+        if head.input_variant != "feature+shifted-token":
+            raise InvalidArgumentError(
+                f"this head reads '{head.input_variant}' (an ablation variant); decoding needs a "
+                "feature+shifted-token head"
+            )
+        self.head, self.shape, self.params, self.draws = head, shape, params, draws
+        entries = len(shape.paths) if shape.paths is not None else shape.topk * (shape.depth - 1)
+        self.cache = head.new_cache(capacity + entries)
+        self.device = head.weight_like.device
+        self.pending: tuple[Tensor, Tensor] | None = None  # (features [1, m, H], tokens [1, m])
+        if shape.paths is not None:
+            self.static = _static_plan(shape.paths)
+        self.auto = AutoSize(verify_costs) if shape.auto else None
+        self.clock = Clock(self.device)
+
+    @property
+    def sampled(self) -> bool:
+        """Whether children are drawn from q (static trees when sampling), else chosen top-k."""
+        return not self.params.greedy and self.shape.paths is not None
+
+    def start(self, prompt_ids: list[int], features: Tensor) -> None:
+        """features [1, P - 1, H] of the prefilled prompt[:-1]."""
+        self.pending = (features, torch.tensor([prompt_ids[1:]], device=self.device))
+
+    def accept(self, tokens: list[int], features: Tensor) -> None:
+        """tokens: the round's accepted tokens (bonus last); features [1, len(tokens), H]: the
+        target's features at the root and at the accepted draft nodes."""
+        self.pending = (features, torch.tensor([tokens], device=self.device))
+        if self.auto:
+            self.auto.finish_round(len(tokens))
+
+    @torch.inference_mode()
+    def propose(self, max_depth: int) -> DraftTree:
+        """Draft a tree no deeper than `max_depth` (what the loop can still accept)."""
+        if self.auto:
+            self.auto.start_round(self.clock.now())
+        if self.pending is None:  # a one-token prompt: no feature known yet
+            return DraftTree()
+        features, tokens = self.pending
+        root_feature = self.head(features, tokens, self.cache)[0, -1]
+        self.pending = None
+        self.committed = self.cache.length
+        self.expanded: dict[int, int] = {}  # node -> cache slot of its draft entry
+        if max_depth < 1:
+            return DraftTree()
+        if self.shape.paths is not None:
+            tree = self._static(root_feature, max_depth)
+        else:
+            tree = self._dynamic(root_feature, min(self.shape.depth, max_depth))
+        self.cache.length = self.committed  # drop the draft entries
+        return tree
+
+    def _run(self, tree: DraftTree, nodes: list[int], parent_features: Tensor) -> Tensor:
+        """Run the entries of `nodes` (each reading its parent's predicted feature and its own
+        token); returns their predicted features [n, H]."""
+        depths = tree.depths()
+        start = self.cache.length
+        n = len(nodes)
+        mask = torch.zeros(n, start + n, dtype=torch.bool)
+        mask[:, : self.committed] = True
+        for row, node in enumerate(nodes):
+            ancestor = tree.parents[node]
+            while ancestor >= 0:
+                mask[row, self.expanded[ancestor]] = True
+                ancestor = tree.parents[ancestor]
+            mask[row, start + row] = True
+            self.expanded[node] = start + row
+        positions = torch.tensor([[self.committed + depths[i] - 1 for i in nodes]], device=self.device)
+        tokens = torch.tensor([[tree.tokens[i] for i in nodes]], device=self.device)
+        return self.head(parent_features[None], tokens, self.cache, positions, mask.to(self.device))[0]
+
+    def _choose(self, logits: Tensor, k: int) -> tuple[list[list[int]], Tensor | None]:
+        """Children (target ids, up to k per row) of each row of draft logits [n, V_draft], and
+        the distributions they were drawn from (None when chosen top-k)."""
+        if not self.sampled:
+            return self.head.to_target(logits.topk(k, dim=-1).indices).tolist(), None
+        q = warp(logits, self.params)
+        ids = self.draws.distinct(q, k)
+        if self.head.draft_vocab is not None:
+            ids = self.head.to_target(torch.tensor(sum(ids, []), dtype=torch.long)).split([len(r) for r in ids])
+            ids = [row.tolist() for row in ids]
+        return ids, q
+
+    def _static(self, root_feature: Tensor, max_depth: int) -> DraftTree:
+        tree = DraftTree(draft_probs={} if self.sampled else None, vocab=self.head.draft_vocab)
+        made: dict[int, int] = {-1: -1}  # static path index -> tree node
+        features = {-1: root_feature}  # tree node -> its predicted feature (children's input)
+        for level in self.static[:max_depth]:
+            parents = [made[p] for p, _ in level if p in made]
+            if not parents:
+                break
+            fresh = [p for p in parents if p >= 0]
+            if fresh:
+                out = self._run(tree, fresh, torch.stack([features[tree.parents[p]] for p in fresh]))
+                features.update(zip(fresh, out))
+            logits = self.head.logits(torch.stack([features[p] for p in parents]))
+            ids, q = self._choose(logits, max(len(kids) for _, kids in level))
+            rows = {p: row for row, p in enumerate(parents)}
+            for static_parent, kids in level:
+                if static_parent not in made:
+                    continue
+                parent = made[static_parent]
+                row = rows[parent]
+                if q is not None:
+                    tree.draft_probs[parent] = q[row]
+                for rank, static_child in enumerate(kids):
+                    if rank < len(ids[row]):
+                        made[static_child] = len(tree)
+                        tree.tokens.append(ids[row][rank])
+                        tree.parents.append(parent)
+        return tree
+
+    def _dynamic(self, root_feature: Tensor, depth: int) -> DraftTree:
+        k = self.shape.topk
+        pool = DraftTree()  # every candidate; the tree is the best of them
+        scores: list[float] = []  # cumulative draft log-probability of each candidate
+        frontier, features = [-1], root_feature[None]
+        top = self._top(features)
+        for level in range(depth):
+            base = torch.tensor([scores[p] if p >= 0 else 0.0 for p in frontier])[:, None]
+            candidate_scores = base + top.values  # [n, k]
+            first = len(pool)
+            pool.tokens.extend(self.head.to_target(top.indices).flatten().tolist())
+            pool.parents.extend(p for p in frontier for _ in range(k))
+            scores.extend(candidate_scores.flatten().tolist())
+            if level == depth - 1:
+                break
+            best = candidate_scores.flatten().topk(k)
+            if self.auto and not self.auto.worth_expanding(best.values):
+                break
+            self.clock.lap()
+            frontier = [first + b for b in best.indices.tolist()]
+            features = self._run(pool, frontier, features[best.indices // k])
+            top = self._top(features)
+            if self.auto:
+                self.auto.level_time = self.clock.lap()
+        order = sorted(range(len(pool)), key=lambda i: (-scores[i], i))
+        size = self.auto.size(scores, order, self.shape.tokens, self.clock.now()) if self.auto else self.shape.tokens
+        chosen = sorted(order[:size])
+        new = {old: j for j, old in enumerate(chosen)} | {-1: -1}
+        return DraftTree([pool.tokens[i] for i in chosen], [new[pool.parents[i]] for i in chosen])
+
+    def _top(self, features: Tensor):
+        """The top-k draft log-probabilities and ids [n, k] after predicted features [n, H]."""
+        return torch.log_softmax(self.head.logits(features).float(), dim=-1).topk(self.shape.topk, dim=-1)
+
+    def describe(self) -> str:
+        return self.auto.describe(self.shape) if self.auto else self.shape.describe()
+
+
+class AutoSize:
+    """Sizes the `auto` tree each round for the machine at hand. A draft path's probability
+    (exp of its cumulative log-probability), scaled by the measured ratio of accepted to predicted
+    tokens, estimates how often the target accepts it. The round verifies the n best nodes that
+    maximize (1 + expected accepted) / (draft time + measured verify cost of n + 1 tokens), and
+    drafting stops deepening once the next level's expected tokens are worth less than its time.
+    """
+
+    def __init__(self, verify_costs: list[float]):
+        self.costs = torch.tensor(verify_costs, dtype=torch.float64)
+        self.accepted, self.predicted = 1.0, 1.0  # running sums behind the calibration
+        self.rate = 1 / max(verify_costs[1], 1e-6)  # tokens/s, starting at vanilla's
+        self.level_time = 0.0  # the last draft level's seconds
+        self.round_start = 0.0
+        self.round_tokens = 0  # tokens the last round accepted
+        self.prediction = 0.0  # draft tokens the last round was expected to accept
+        self.sizes: list[int] = []
+
+    def start_round(self, now: float) -> None:
+        if self.round_tokens:
+            self.rate = 0.8 * self.rate + 0.2 * self.round_tokens / max(now - self.round_start, 1e-6)
+        self.round_start, self.round_tokens = now, 0
+
+    def finish_round(self, tokens: int) -> None:
+        self.round_tokens = tokens
+        self.accepted += tokens - 1  # the bonus token is not a draft token
+        self.predicted += self.prediction
+
+    @property
+    def calibration(self) -> float:
+        return self.accepted / self.predicted
+
+    def worth_expanding(self, frontier_scores: Tensor) -> bool:
+        gain = self.calibration * float(frontier_scores.exp().sum())  # at most this many more tokens
+        return gain > self.level_time * self.rate
+
+    def size(self, scores: list[float], order: list[int], limit: int, now: float) -> int:
+        """How many of the candidates (best first, `order`) to verify."""
+        probs = torch.tensor([scores[i] for i in order[:limit]], dtype=torch.float64).exp()
+        expected = probs.cumsum(0)
+        n = torch.arange(1, len(probs) + 1)
+        value = (1 + self.calibration * expected) / (now - self.round_start + self.costs[n + 1])
+        best = int(value.argmax())
+        self.prediction = float(expected[best])
+        self.sizes.append(best + 1)
+        return best + 1
+
+    def describe(self, shape: TreeShape) -> str:
+        if not self.sizes:
+            return shape.describe()
+        mean = sum(self.sizes) / len(self.sizes)
+        return f"auto:topk={shape.topk},depth<={shape.depth},tokens<={shape.tokens} (mean {mean:.1f} tokens per round)"
+
+
+def _static_plan(paths) -> list[list[tuple[int, list[int]]]]:
+    """Per depth level: (parent path index or -1, its children's path indices by rank)."""
+    index = {path: i for i, path in enumerate(paths)}
+    levels: list[dict[int, list[tuple[int, int]]]] = []
+    for i, path in enumerate(paths):
+        if len(path) > 1 and path[:-1] not in index:
+            raise InvalidArgumentError(f"static tree: path {list(path)} comes without its parent")
+        while len(levels) < len(path):
+            levels.append({})
+        levels[len(path) - 1].setdefault(index.get(path[:-1], -1), []).append((path[-1], i))
+    plan = []
+    for level in levels:
+        for kids in level.values():
+            kids.sort()
+            if [rank for rank, _ in kids] != list(range(len(kids))):
+                raise InvalidArgumentError("static tree: each node's children must have ranks 0, 1, 2, ...")
+        plan.append([(parent, [i for _, i in kids]) for parent, kids in level.items()])
+    return plan

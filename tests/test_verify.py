@@ -1,0 +1,198 @@
+"""Exactness of verification by enumeration: on a 5-token vocabulary, every way the draft tree can
+be drawn and every accept/reject/residual branch of the real verifier is followed with its exact
+probability. The first two tokens a round leaves (the second drawn by the next round when the
+round stops after one) must follow the target's warped distribution, to float32 precision."""
+
+import functools
+import itertools
+
+import pytest
+import torch
+
+from eaglespec.decoding.sampling import SamplingParams, warp
+from eaglespec.decoding.tree import DraftTree
+from eaglespec.decoding.verify import Draws, accept_greedy, accept_sampled
+
+V = 5
+
+
+@functools.cache
+def toy_logits(path: tuple[int, ...], seed: int) -> torch.Tensor:
+    """A fixed, path-dependent distribution over V tokens (the target: seed 0; the draft: 1)."""
+    g = torch.Generator().manual_seed(hash((path, seed)) % 2**31)
+    return torch.randn(V, generator=g, dtype=torch.float64) * 1.5
+
+
+class Enumerating(Draws):
+    """Draws that follow a script of choices and record the probability of the branch taken;
+    `run` repeats a function over every branch (an odometer over the choices)."""
+
+    def __init__(self):
+        self.script: list[int] = []
+        self.arity: list[int] = []
+
+    def _choice(self, n: int) -> int:
+        if self.at == len(self.script):
+            self.script.append(0)
+            self.arity.append(n)
+        self.at += 1
+        return self.script[self.at - 1]
+
+    def accept(self, probability: float) -> bool:
+        accepted = self._choice(2) == 0
+        self.weight *= probability if accepted else 1 - probability
+        return accepted
+
+    def sample(self, probs: torch.Tensor) -> int:
+        x = self._choice(len(probs))
+        self.weight *= float(probs[x])
+        return x
+
+    def run(self, fn):
+        while True:
+            self.at, self.weight = 0, 1.0
+            result = fn()
+            yield self.weight, result
+            while self.script and self.script[-1] + 1 == self.arity[-1]:
+                self.script.pop()
+                self.arity.pop()
+            if not self.script:
+                return
+            self.script[-1] += 1
+
+
+def ordered_draws(q: torch.Tensor, k: int):
+    """Every ordered draw of min(k, support) distinct tokens from q without replacement, with its
+    probability (the sequential rule `Draws.distinct` implements)."""
+    k = min(k, int((q > 0).sum()))
+    for seq in itertools.permutations(range(V), k):
+        prob, left = 1.0, 1.0
+        for x in seq:
+            prob *= float(q[x]) / left
+            left -= float(q[x])
+        if prob > 0:
+            yield prob, list(seq)
+
+
+SHAPES = {  # children per node, by path of child ranks
+    "siblings": {(): 3},
+    "tree": {(): 2, (0,): 2, (1,): 1},
+    "chain": {(): 1, (0,): 1},
+}
+
+
+def draw_trees(shape: dict, params: SamplingParams, sampled: bool):
+    """Every draft tree the shape can produce, with its probability. Children are drawn without
+    replacement from the warped draft distribution q, or (sampled=False) fixed: q's top-k."""
+
+    def expand(rank_path, token_path, tree, parent):
+        k = shape.get(rank_path, 0)
+        if k == 0:
+            yield 1.0, tree
+            return
+        q = warp(toy_logits(token_path, 1), params)
+        options = ordered_draws(q, k) if sampled else [(1.0, q.topk(min(k, int((q > 0).sum()))).indices.tolist())]
+        for prob, kids in options:
+            grown = DraftTree(list(tree.tokens), list(tree.parents),
+                              None if tree.draft_probs is None else {**tree.draft_probs, parent: q})
+            indices = []
+            for x in kids:
+                indices.append(len(grown))
+                grown.tokens.append(x)
+                grown.parents.append(parent)
+            yield from _expand_children(expand, rank_path, token_path, grown, indices, kids, prob)
+
+    root = DraftTree(draft_probs={} if sampled else None)
+    yield from expand((), (), root, -1)
+
+
+def _expand_children(expand, rank_path, token_path, tree, indices, kids, prob, at=0):
+    if at == len(kids):
+        yield prob, tree
+        return
+    for p_sub, sub in expand(rank_path + (at,), token_path + (kids[at],), tree, indices[at]):
+        yield from _expand_children(expand, rank_path, token_path, sub, indices, kids, prob * p_sub, at + 1)
+
+
+def node_paths(tree: DraftTree) -> list[tuple[int, ...]]:
+    paths = [()]
+    for token, parent in zip(tree.tokens, tree.parents):
+        paths.append(paths[parent + 1] + (token,))
+    return paths
+
+
+def two_token_distribution(shape, params: SamplingParams, sampled: bool, prune=None) -> torch.Tensor:
+    out = torch.zeros(V, V, dtype=torch.float64)
+    for tree_prob, tree in draw_trees(shape, params, sampled):
+        if prune:
+            tree = tree.prune(*prune)
+        logits = torch.stack([toy_logits(path, 0) for path in node_paths(tree)])
+        draws = Enumerating()
+        for branch_prob, (path, bonus) in draws.run(functools.partial(accept_sampled, tree, logits, params, draws)):
+            tokens = [tree.tokens[i] for i in path] + [bonus]
+            weight = tree_prob * branch_prob
+            if len(tokens) >= 2:
+                out[tokens[0], tokens[1]] += weight
+            else:  # the next round draws the second token from the target
+                out[tokens[0]] += weight * warp(toy_logits((tokens[0],), 0), params)
+    return out
+
+
+def exact_two_tokens(params: SamplingParams) -> torch.Tensor:
+    first = warp(toy_logits((), 0), params)
+    return torch.stack([first[a] * warp(toy_logits((a,), 0), params) for a in range(V)]).double()
+
+
+@pytest.mark.parametrize("shape", SHAPES)
+@pytest.mark.parametrize("params", [
+    SamplingParams(temperature=1.0),
+    SamplingParams(temperature=0.7, top_k=3),
+    SamplingParams(temperature=1.3, top_p=0.8),
+], ids=["t1", "t0.7-topk3", "t1.3-topp0.8"])
+@pytest.mark.parametrize("sampled", [True, False], ids=["drawn-from-q", "top-k"])
+def test_one_round_is_exactly_the_target_distribution(shape, params, sampled):
+    got = two_token_distribution(SHAPES[shape], params, sampled)
+    assert abs(float(got.sum()) - 1) < 1e-5  # warp works in float32
+    assert torch.allclose(got, exact_two_tokens(params), atol=1e-5)
+
+
+def test_pruned_trees_and_draft_vocabularies_stay_exact():
+    """Pruning keeps a prefix of each node's draws; draft distributions given over a permuted
+    draft vocabulary are scattered back to the target's ids."""
+    params = SamplingParams(temperature=1.0)
+    got = two_token_distribution(SHAPES["tree"], params, True, prune=(3, 2))
+    assert torch.allclose(got, exact_two_tokens(params), atol=1e-5)
+
+    perm = torch.tensor([3, 0, 4, 1, 2])  # draft id i is target id perm[i]
+    for tree_prob, tree in draw_trees(SHAPES["siblings"], params, True):
+        assert len(tree) == 3
+        draft_view = DraftTree(tree.tokens, tree.parents, {n: q[perm] for n, q in tree.draft_probs.items()}, perm)
+        logits = torch.stack([toy_logits(path, 0) for path in node_paths(tree)])
+        for seed in range(3):
+            same = accept_sampled(tree, logits, params, Draws(torch.Generator().manual_seed(seed)))
+            assert accept_sampled(draft_view, logits, params, Draws(torch.Generator().manual_seed(seed))) == same
+        break
+
+
+def test_enumeration_catches_a_wrong_residual():
+    """The test has power: the same enumeration with the residual left at p (a classic bug)
+    does not give the target distribution."""
+    from eaglespec.decoding import verify
+
+    original = verify.Residual.reject
+    try:
+        verify.Residual.reject = lambda self, x: None
+        got = two_token_distribution(SHAPES["siblings"], SamplingParams(temperature=1.0), True)
+    finally:
+        verify.Residual.reject = original
+    assert not torch.allclose(got, exact_two_tokens(SamplingParams(temperature=1.0)), atol=1e-3)
+
+
+def test_greedy_follows_the_argmax_path():
+    # root children 7, 3; node 0 (7) has children 1, 2; node 1 (3) has child 5
+    tree = DraftTree([7, 3, 1, 2, 5], [-1, -1, 0, 0, 1])
+    logits = torch.zeros(6, 10)
+    logits[0, 7] = logits[1, 2] = logits[4, 9] = 1  # root -> 7, node 0 -> 2, node 3 -> 9 (bonus)
+    assert accept_greedy(tree, logits) == ([0, 3], 9)
+    logits[0, 7], logits[0, 4] = 0, 1  # root -> 4: nothing accepted, bonus 4
+    assert accept_greedy(tree, logits) == ([], 4)
