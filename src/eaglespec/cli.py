@@ -108,6 +108,9 @@ def generate(model_spec: str, prompt: str, chat: bool, max_new_tokens: int, temp
     head = load_head(head_spec, target) if method == "eagle" else None
     settings = {"chat": chat, "max_new_tokens": max_new_tokens, "temperature": temperature, "top_p": top_p,
                 "top_k": top_k, "seed": seed, "stop_strings": stop, "ignore_eos": ignore_eos}
+    if compare_vanilla:  # warm both paths up, so that neither timed run pays first-call costs
+        for warm_head in (head, None):
+            generate_text(target, prompt, head=warm_head, tree=tree, **(settings | {"max_new_tokens": 8}))
     generation = Generation(target, prompt, head=head, tree=tree, **settings)
     if as_json:
         for _ in generation:

@@ -78,6 +78,8 @@ class Generation:
         check_max_new_tokens(max_new_tokens)
         self.head = head
         self.shape = parse_tree(tree) if head is not None else None
+        # measured once per model, outside the timed generation
+        self.costs = target.model.verify_costs() if self.shape and self.shape.auto else None
         self.target = target
         self.ids = prompt if isinstance(prompt, list) else prompt_ids(target, prompt, chat)
         check_prompt(target.model, self.ids)
@@ -90,10 +92,8 @@ class Generation:
     def _proposer(self):
         if self.head is None:
             return None
-        costs = self.target.model.verify_costs() if self.shape.auto else None
-
         def make(draws, capacity):
-            self.drafter = EagleProposer(self.head, self.shape, self.params, draws, capacity, costs)
+            self.drafter = EagleProposer(self.head, self.shape, self.params, draws, capacity, self.costs)
             return self.drafter
 
         return make
