@@ -138,9 +138,9 @@ def test_sampling_matches_the_target_distribution(smollm2, smollm2_hf, shipped, 
     """The first 3 tokens of 300 seeded EAGLE samples at temperature 1 against their exact vanilla
     probabilities: a chi-square test over 15 bins (see `exact_bins`), rejecting at p < 1e-3.
 
-    Power, simulated for these bins (2,000 multinomial runs each): moving a total variation of
-    0.05 from the likeliest bin to the rest is caught 14% of the time, 0.10 in 94%; exact samples
-    fail 0.25% of the time. The seeds are fixed, so the outcome does not change between runs.
+    Power, simulated for these bins by benchmarks/chi_square_power.py (2,000 runs each): moving a
+    total variation of 0.05 from the likeliest bin to the rest is caught 14% of the time, 0.10 in
+    94%; exact samples fail 0.25% of the time. The seeds are fixed: the outcome never changes.
     """
     ids = smollm2.tokenizer("The best way to learn programming is")["input_ids"]
     n = 300
