@@ -56,3 +56,27 @@ def tiny_target_folder(tmp_path_factory, smollm2):
     AutoModelForCausalLM.from_config(config).save_pretrained(folder)
     smollm2.tokenizer.save_pretrained(folder)
     return folder
+
+
+@pytest.fixture(scope="session")
+def shipped(smollm2):
+    """The shipped SmolLM2 head."""
+    from eaglespec.heads.checkpoint import load_head
+
+    return load_head("default", smollm2)
+
+
+@pytest.fixture(scope="session")
+def smollm2_draft(smollm2):
+    """A draft model for classic speculative sampling: SmolLM2's first 8 of 30 layers (same
+    tokenizer, much weaker: its drafts are often rejected)."""
+    from dataclasses import replace
+
+    from eaglespec.models.load import Target
+
+    full = smollm2.model
+    with torch.device("meta"):
+        model = Decoder(replace(full.config, num_layers=8))
+    model.embed, model.norm, model.lm_head = full.embed, full.norm, full.lm_head  # shared weights
+    model.layers = torch.nn.ModuleList(list(full.layers)[:8])
+    return Target("smollm2-first-8-layers", smollm2.folder, model, smollm2.tokenizer, smollm2.eos_token_ids)

@@ -14,7 +14,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from eaglespec.decoding.generate import Generation, GenerationOutput, generate
-from eaglespec.errors import InvalidArgumentError
+from eaglespec.decoding.methods import Method, parse_method
 from eaglespec.heads.checkpoint import load_head
 from eaglespec.heads.head import EagleHead
 from eaglespec.models.load import Target, load_target
@@ -24,32 +24,36 @@ from eaglespec.models.registry import DEFAULT_MODEL
 @dataclass
 class Model:
     target: Target
-    head: EagleHead | None  # None: vanilla decoding only
+    head: EagleHead | None  # None: no EAGLE
+    draft: Target | None = None  # a draft model for sps
 
-    def stream(self, prompt: str | list[int], *, method: str | None = None, **kwargs) -> Generation:
+    def stream(self, prompt: str | list[int], *, method: str | Method | None = None, tree: str = "auto",
+               **kwargs) -> Generation:
         """A `Generation` to iterate for text pieces; `.output` holds the result at the end.
 
-        method: "eagle" (the default with a head) or "vanilla". Other keyword arguments are
+        method: "eagle" (the default with a head; drafting `tree`), "vanilla", "pld[:K]",
+        "sps[:K]" (with a draft model) or a `decoding.methods` object. Other keyword arguments are
         `Generation`'s: chat, max_new_tokens, do_sample, temperature, top_p, top_k, seed,
-        stop_strings, ignore_eos, tree."""
-        return Generation(self.target, prompt, head=self._head(method), **kwargs)
+        stop_strings, ignore_eos."""
+        return Generation(self.target, prompt, method=self._method(method, tree), **kwargs)
 
-    def generate(self, prompt: str | list[int], *, method: str | None = None, **kwargs) -> GenerationOutput:
+    def generate(self, prompt: str | list[int], *, method: str | Method | None = None, tree: str = "auto",
+                 **kwargs) -> GenerationOutput:
         """Generate to the end (keyword arguments as for `stream`)."""
-        return generate(self.target, prompt, head=self._head(method), **kwargs)
+        return generate(self.target, prompt, method=self._method(method, tree), **kwargs)
 
-    def _head(self, method: str | None) -> EagleHead | None:
+    def _method(self, method: str | Method | None, tree: str) -> Method | None:
         method = method or ("eagle" if self.head is not None else "vanilla")
-        if method not in ("eagle", "vanilla"):
-            raise InvalidArgumentError(f"method must be 'eagle' or 'vanilla', got '{method}'")
-        if method == "eagle" and self.head is None:
-            raise InvalidArgumentError("method 'eagle' needs a head: eaglespec.load(model, head='default' or a folder)")
-        return self.head if method == "eagle" else None
+        if not isinstance(method, str):
+            return method
+        return parse_method(f"eagle:{tree}" if method == "eagle" else method, self.head, self.draft)
 
 
 def load(model: str = DEFAULT_MODEL, head: str | None = "default", dtype: str = "bfloat16",
-         device: str = "cpu") -> Model:
-    """Load a target (bundled name, Hugging Face folder or .gguf) and an EAGLE head for it
-    ('default': the shipped one; a folder from `eaglespec train`; None: no head)."""
+         device: str = "cpu", draft_model: str | None = None) -> Model:
+    """Load a target (bundled name, Hugging Face folder or .gguf), an EAGLE head for it
+    ('default': the shipped one; a folder from `eaglespec train`; None: no head) and optionally
+    a smaller draft model with the same tokenizer for classic speculative sampling."""
     target = load_target(model, dtype, device)
-    return Model(target, load_head(head, target) if head is not None else None)
+    draft = load_target(draft_model, dtype, device) if draft_model else None
+    return Model(target, load_head(head, target) if head is not None else None, draft)

@@ -8,7 +8,7 @@ import sys
 import click
 
 from eaglespec.errors import EaglespecError, UnknownModelError
-from eaglespec.models.registry import BUNDLED, DATASETS, DEFAULT_MODEL, cache_root
+from eaglespec.models.registry import BUNDLED, DATASETS, DEFAULT_MODEL, DRAFT_MODELS, cache_root
 
 
 class Group(click.Group):
@@ -34,7 +34,7 @@ def main() -> None:
 @main.command()
 def models() -> None:
     """List the bundled models, their size and whether each is cached."""
-    from eaglespec.models.fetch import is_cached
+    from eaglespec.models.fetch import dataset_path, is_cached
 
     click.echo(f"cache: {cache_root()}  (set EAGLESPEC_CACHE to move it)")
     for m in BUNDLED.values():
@@ -42,7 +42,7 @@ def models() -> None:
         default = "  (default)" if m.name == DEFAULT_MODEL else ""
         click.echo(f"{m.name:30s} {m.size / 1e6:7.0f} MB  {state:12s} {m.description}{default}")
     for d in DATASETS.values():
-        state = "cached" if (cache_root() / "data" / f"{d.name}.json").is_file() else "not fetched"
+        state = "cached" if dataset_path(d).is_file() else "not fetched"
         click.echo(f"{d.name:30s} {d.size / 1e6:7.0f} MB  {state:12s} data: {d.description}")
 
 
@@ -74,11 +74,13 @@ def fetch(name: str) -> None:
 @click.option("--stop", multiple=True, help="Stop string (repeatable); the text ends before it.")
 @click.option("--ignore-eos", is_flag=True, help="Keep generating past EOS (for benchmarks).")
 @click.option("--dtype", type=click.Choice(["bfloat16", "float32"]), default="bfloat16", show_default=True)
-@click.option("--method", type=click.Choice(["vanilla", "eagle"]), default="vanilla", show_default=True)
+@click.option("--method", default="vanilla", show_default=True,
+              help="vanilla | eagle[:TREE] | sps[:K] (with --draft-model) | pld[:K]; --tree sets eagle's tree.")
 @click.option("--head", "head_spec", default="default", show_default=True,
               help="EAGLE head: a folder from `eaglespec train`, or 'default' for the shipped one.")
 @click.option("--tree", default="auto", show_default=True,
               help="EAGLE draft tree: eagle1 | chain:K | dynamic[:topk=T,depth=D,tokens=N] | auto.")
+@click.option("--draft-model", default=None, help="Draft model for sps (same tokenizer as --model).")
 @click.option("--compare-vanilla", is_flag=True,
               help="Then run vanilla decoding on the same prompt and report the speedup.")
 @click.option("--device", default="cpu", show_default=True, help="torch device, e.g. cuda.")
@@ -86,32 +88,38 @@ def fetch(name: str) -> None:
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object instead of streaming text.")
 def generate(model_spec: str, prompt: str, chat: bool, max_new_tokens: int, temperature: float,
              top_p: float, top_k: int, seed: int | None, stop: tuple[str, ...], ignore_eos: bool,
-             dtype: str, method: str, head_spec: str, tree: str, compare_vanilla: bool, device: str,
-             threads: int | None, as_json: bool) -> None:
+             dtype: str, method: str, head_spec: str, tree: str, draft_model: str | None,
+             compare_vanilla: bool, device: str, threads: int | None, as_json: bool) -> None:
     """Generate text, streamed as it is produced, with timing on stderr."""
     import torch
 
     from eaglespec.decoding.generate import Generation
     from eaglespec.decoding.generate import generate as generate_text
     from eaglespec.decoding.loop import check_max_new_tokens
+    from eaglespec.decoding.methods import method_name, parse_method
     from eaglespec.decoding.sampling import SamplingParams
-    from eaglespec.decoding.tree import parse_tree
     from eaglespec.heads.checkpoint import load_head
     from eaglespec.models.load import load_target
 
     check_max_new_tokens(max_new_tokens)  # reject bad values before loading anything
     SamplingParams(temperature=temperature, top_p=top_p, top_k=top_k)
-    parse_tree(tree)
+    if method == "eagle":
+        method = f"eagle:{tree}"
+    name = method_name(method)
+    if name == "sps" and not draft_model:
+        parse_method(method)  # raises: sps needs a draft model
     if threads:
         torch.set_num_threads(threads)
     target = load_target(model_spec, dtype, device)
-    head = load_head(head_spec, target) if method == "eagle" else None
+    head = load_head(head_spec, target) if name == "eagle" else None
+    draft = load_target(draft_model, dtype, device) if name == "sps" and draft_model else None
+    drafting = parse_method(method, head, draft)
     settings = {"chat": chat, "max_new_tokens": max_new_tokens, "temperature": temperature, "top_p": top_p,
                 "top_k": top_k, "seed": seed, "stop_strings": stop, "ignore_eos": ignore_eos}
     if compare_vanilla:  # warm both paths up, so that neither timed run pays first-call costs
-        for warm_head in (head, None):
-            generate_text(target, prompt, head=warm_head, tree=tree, **(settings | {"max_new_tokens": 8}))
-    generation = Generation(target, prompt, head=head, tree=tree, **settings)
+        for warm in (drafting, None):
+            generate_text(target, prompt, method=warm, **(settings | {"max_new_tokens": 8}))
+    generation = Generation(target, prompt, method=drafting, **settings)
     if as_json:
         for _ in generation:
             pass
@@ -272,6 +280,62 @@ def eval_head(model_spec, head_spec, limit, depth, dtype, threads, as_json) -> N
     else:
         click.echo(", ".join(f"{n}-alpha {a:.3f}" for n, a in enumerate(result["alpha"]))
                    + f" over {result['tokens_scored']} tokens of {result['conversations']} held-out conversations")
+
+
+@main.command()
+@click.option("--model", "model_spec", default=DEFAULT_MODEL, show_default=True)
+@click.option("--head", "head_spec", default="default", show_default=True,
+              help="EAGLE head for the eagle methods: a folder or 'default'.")
+@click.option("--dataset", default="mt-bench", show_default=True,
+              help="mt-bench | humaneval | sharegpt (held-out split) | a .jsonl/.json file of prompts.")
+@click.option("--limit", default=10, show_default=True, help="Items to run (0: all).")
+@click.option("--methods", default="vanilla,eagle,pld", show_default=True,
+              help="Comma-separated: vanilla | eagle[:TREE] | sps[:K] | pld[:K] | hf | hf-assisted | hf-pld.")
+@click.option("--temperature", default=0.0, show_default=True, type=float, help="0 is greedy decoding.")
+@click.option("--max-new-tokens", default=128, show_default=True, type=int)
+@click.option("--draft-model", default=None,
+              help="Draft model for sps and hf-assisted (default: the bundled smaller model of the family).")
+@click.option("--dtype", type=click.Choice(["bfloat16", "float32"]), default="bfloat16", show_default=True)
+@click.option("--device", default="cpu", show_default=True)
+@click.option("--threads", default=2, show_default=True, type=int, help="torch CPU threads.")
+@click.option("--seed", default=0, show_default=True, help="Seed of the first item (sampling).")
+@click.option("--out", required=True, type=click.Path(dir_okay=False), help="Results JSON; PNG plots go beside it.")
+def bench(model_spec, head_spec, dataset, limit, methods, temperature, max_new_tokens, draft_model, dtype, device,
+          threads, seed, out) -> None:
+    """Every method side by side on one dataset: tokens/s, speedup over vanilla, tau, memory."""
+    from pathlib import Path
+
+    import torch
+
+    from eaglespec.bench.plots import plot_speedups, plot_tau
+    from eaglespec.bench.run import Bench, BenchConfig, check_methods, markdown
+    from eaglespec.decoding.loop import check_max_new_tokens
+    from eaglespec.decoding.sampling import SamplingParams
+    from eaglespec.errors import InvalidArgumentError
+    from eaglespec.files import write_json
+
+    out = Path(out)
+    if out.suffix != ".json":
+        raise InvalidArgumentError(f"--out {out}: the results file must end in .json")
+    if not out.parent.is_dir():
+        raise InvalidArgumentError(f"--out {out}: folder {out.parent} does not exist")
+    if limit < 0:
+        raise InvalidArgumentError(f"--limit must be >= 0 (0: all), got {limit}")
+    check_max_new_tokens(max_new_tokens)
+    SamplingParams(temperature=temperature)
+    specs = tuple(m.strip() for m in methods.split(",") if m.strip())
+    draft_model = draft_model or DRAFT_MODELS.get(model_spec)
+    check_methods(specs, draft_model)
+    torch.set_num_threads(threads)
+    config = BenchConfig(model=model_spec, dataset=dataset, methods=specs, head=head_spec, draft_model=draft_model,
+                         limit=limit or None, temperature=temperature, max_new_tokens=max_new_tokens, dtype=dtype,
+                         device=device, seed=seed)
+    result = Bench(config).run()
+    write_json(result, out)
+    plot_speedups([result], out.with_name(out.stem + "-speedup.png"))
+    plot_tau([result], out.with_name(out.stem + "-tau.png"))
+    click.echo(markdown(result))
+    click.echo(f"results: {out} (plots: {out.stem}-speedup.png, {out.stem}-tau.png)")
 
 
 if __name__ == "__main__":

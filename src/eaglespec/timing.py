@@ -1,8 +1,12 @@
-"""Wall-clock laps that wait for the device, so that each lap is the work done in it."""
+"""Wall-clock laps that wait for the device, so that each lap is the work done in it, and the
+facts about the machine that every figure is quoted with."""
 
 from __future__ import annotations
 
+import os
+import platform
 import time
+from pathlib import Path
 
 import torch
 
@@ -22,3 +26,16 @@ class Clock:
         now = self.now()
         elapsed, self.last = now - self.last, now
         return elapsed
+
+
+def machine(device: torch.device | str = "cpu") -> dict:
+    cpuinfo = Path("/proc/cpuinfo")
+    cpu = next((line.split(":", 1)[1].strip() for line in cpuinfo.read_text().splitlines()
+                if line.startswith("model name")), "") if cpuinfo.exists() else platform.processor()
+    import transformers
+
+    facts = {"cpu": cpu, "cores": os.cpu_count(), "threads": torch.get_num_threads(), "torch": torch.__version__,
+             "transformers": transformers.__version__, "python": platform.python_version()}
+    if torch.device(device).type == "cuda":
+        facts["gpu"] = torch.cuda.get_device_name(device)
+    return facts

