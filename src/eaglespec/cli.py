@@ -297,7 +297,7 @@ def eval_head(model_spec, head_spec, limit, depth, dtype, threads, as_json) -> N
               help="Draft model for sps and hf-assisted (default: the bundled smaller model of the family).")
 @click.option("--dtype", type=click.Choice(["bfloat16", "float32"]), default="bfloat16", show_default=True)
 @click.option("--device", default="cpu", show_default=True)
-@click.option("--threads", default=2, show_default=True, type=int, help="torch CPU threads.")
+@click.option("--threads", default=None, type=int, help="torch CPU threads (default: torch's choice).")
 @click.option("--seed", default=0, show_default=True, help="Seed of the first item (sampling).")
 @click.option("--out", required=True, type=click.Path(dir_okay=False), help="Results JSON; PNG plots go beside it.")
 def bench(model_spec, head_spec, dataset, limit, methods, temperature, max_new_tokens, draft_model, dtype, device,
@@ -326,7 +326,8 @@ def bench(model_spec, head_spec, dataset, limit, methods, temperature, max_new_t
     specs = tuple(m.strip() for m in methods.split(",") if m.strip())
     draft_model = draft_model or DRAFT_MODELS.get(model_spec)
     check_methods(specs, draft_model)
-    torch.set_num_threads(threads)
+    if threads:
+        torch.set_num_threads(threads)
     config = BenchConfig(model=model_spec, dataset=dataset, methods=specs, head=head_spec, draft_model=draft_model,
                          limit=limit or None, temperature=temperature, max_new_tokens=max_new_tokens, dtype=dtype,
                          device=device, seed=seed)

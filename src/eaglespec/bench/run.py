@@ -28,7 +28,8 @@ from eaglespec.errors import InvalidArgumentError
 from eaglespec.timing import Clock, machine
 
 REFERENCES = ("hf", "hf-assisted", "hf-pld")
-HF_PLD_TOKENS = 10  # transformers' documented example value, and our pld's default
+HF_PLD_TOKENS = 10
+PARTS = ("prefill", "draft", "verify", "other")  # where a generation's time goes  # transformers' documented example value, and our pld's default
 
 
 @dataclass(frozen=True)
@@ -55,14 +56,17 @@ class Run:
     new_tokens: int
     seconds: float
     tokens_per_s: float
-    tau: float | None  # None where the method does not report its target forwards (hf-assisted, hf-pld)
+    tau: float | None  # tokens per target forward; None where unknown (hf-assisted, hf-pld)
     token_ids: list[int]
+    target_forwards: int | None = None  # rounds; None for the references
+    prefill_s: float = 0.0
     draft_s: float = 0.0
     verify_s: float = 0.0
     other_s: float = 0.0
     accepted_lengths: list[int] = field(default_factory=list)
     acceptance_by_depth: list[float] = field(default_factory=list)
     tree: str | None = None
+    chain: bool = False  # the draft is a chain: acceptance by depth is n-alpha
 
 
 def check_methods(methods: tuple[str, ...], draft_model: str | None) -> None:
@@ -118,8 +122,9 @@ class Bench:
             return self._run_hf(spec, ids, max_new_tokens, seed)
         out = generate(self.target, ids, method=self.ours[spec], max_new_tokens=max_new_tokens,
                        temperature=c.temperature, seed=seed)
-        return Run("", 0, out.new_tokens, out.seconds, out.tokens_per_s, out.tau, out.token_ids, out.draft_s,
-                   out.verify_s, out.other_s, out.accepted_lengths or [], out.acceptance_by_depth or [], out.tree)
+        return Run("", 0, out.new_tokens, out.seconds, out.tokens_per_s, out.tau, out.token_ids,
+                   out.target_forwards, out.prefill_s, out.draft_s, out.verify_s, out.other_s,
+                   out.accepted_lengths or [], out.acceptance_by_depth or [], out.tree, out.n_alpha is not None)
 
     @torch.inference_mode()
     def _run_hf(self, spec: str, ids: list[int], max_new_tokens: int, seed: int) -> Run:
@@ -127,11 +132,12 @@ class Bench:
 
         c = self.config
         eos = sorted(self.target.eos_token_ids)
-        settings = GenerationConfig(max_new_tokens=max_new_tokens, do_sample=c.temperature > 0,
-                                    temperature=c.temperature or None, top_k=0, top_p=1.0,
-                                    eos_token_id=eos, pad_token_id=eos[0])
-        extra = {"assistant_model": self.hf_draft} if spec == "hf-assisted" else \
-            {"prompt_lookup_num_tokens": HF_PLD_TOKENS} if spec == "hf-pld" else {}
+        sampling = {"do_sample": True, "temperature": c.temperature, "top_k": 0, "top_p": 1.0} \
+            if c.temperature > 0 else {"do_sample": False}
+        lookup = {"prompt_lookup_num_tokens": HF_PLD_TOKENS} if spec == "hf-pld" else {}
+        settings = GenerationConfig(max_new_tokens=max_new_tokens, eos_token_id=eos, pad_token_id=eos[0],
+                                    **sampling, **lookup)
+        extra = {"assistant_model": self.hf_draft} if spec == "hf-assisted" else {}
         torch.manual_seed(seed)
         device = self.target.model.embed.weight.device
         clock = Clock(device)
@@ -180,12 +186,13 @@ def report(config: BenchConfig, runs: dict[str, list[Run]], peaks: dict[str, flo
         seconds = sum(r.seconds for r in rs)
         tokens = sum(r.new_tokens for r in rs)
         ratios = [r.tokens_per_s / v.tokens_per_s for r, v in zip(rs, vanilla)]
+        rounds = None if spec in REFERENCES else sum(r.target_forwards for r in rs)
         summary = {
             "tokens_per_s": tokens / seconds,
             "tokens_per_s_median": statistics.median(r.tokens_per_s for r in rs),
             "speedup": statistics.median(ratios),
             "speedup_mean": statistics.mean(ratios),
-            "tau": None if rs[0].tau is None else statistics.mean(r.tau for r in rs),
+            "tau": rs[0].tau if rounds is None else tokens / rounds,  # hf: 1; hf-assisted, hf-pld: unknown
             "new_tokens": tokens,
             "seconds": seconds,
             "peak_memory_mb": peaks[spec],
@@ -194,14 +201,16 @@ def report(config: BenchConfig, runs: dict[str, list[Run]], peaks: dict[str, flo
             if base in runs and base != spec:
                 summary[f"speedup_vs_{base}"] = statistics.median(
                     r.tokens_per_s / b.tokens_per_s for r, b in zip(rs, runs[base]))
+        if spec not in REFERENCES:
+            parts = {k: sum(getattr(r, f"{k}_s") for r in rs) for k in PARTS}
+            summary["time_split"] = {k: t / seconds for k, t in parts.items()}
+            summary["round_ms"] = {k: 1000 * parts[k] / rounds for k in ("draft", "verify", "other")}
         if spec not in REFERENCES and spec != "vanilla":
-            summary["time_split"] = {k: sum(getattr(r, f"{k}_s") for r in rs) / seconds
-                                     for k in ("draft", "verify", "other")}
             summary["tree"] = rs[-1].tree
             depth = max(len(r.acceptance_by_depth) for r in rs)
-            summary["acceptance_by_depth"] = [
-                statistics.mean(r.acceptance_by_depth[d] for r in rs if len(r.acceptance_by_depth) > d)
-                for d in range(depth)]
+            by_depth = [statistics.mean(r.acceptance_by_depth[d] for r in rs if len(r.acceptance_by_depth) > d)
+                        for d in range(depth)]
+            summary["n_alpha" if rs[0].chain else "acceptance_by_depth"] = by_depth
         if config.temperature == 0:
             summary["same_tokens_as_vanilla"] = sum(r.token_ids == v.token_ids for r, v in zip(rs, vanilla))
         summary["runs"] = [asdict(r) for r in rs]
@@ -221,19 +230,27 @@ def markdown(result: dict) -> str:
     methods = result["methods"]
     refs = [b for b in ("hf", "hf-assisted") if b in methods]
     head = ["method", "tokens/s", "speedup (median)", "speedup (mean)", *(f"vs {b}" for b in refs), "tau",
-            "draft / verify / other", "peak MB"]
-    lines = [f"{c['model']} on {c['dataset']} ({result['items']} items, {result['turns']} turns), "
+            "0/1/2-alpha (chains)", "peak MB"]
+    title = (f"{c['model']} on {c['dataset']} ({result['items']} items, {result['turns']} turns), "
              f"temperature {c['temperature']:g}, max {c['max_new_tokens']} new tokens, {c['dtype']}, "
-             f"{result['machine']['threads']} threads",
-             "", "| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+             f"{result['machine']['threads']} threads")
+    lines = [title, "", "| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for spec, s in methods.items():
-        split = s.get("time_split")
         cells = [spec, f"{s['tokens_per_s']:.1f}", f"{s['speedup']:.2f}x", f"{s['speedup_mean']:.2f}x",
                  *(f"{s[f'speedup_vs_{b}']:.2f}x" if f"speedup_vs_{b}" in s else "1.00x" for b in refs),
                  "-" if s["tau"] is None else f"{s['tau']:.2f}",
-                 " / ".join(f"{split[k]:.0%}" for k in ("draft", "verify", "other")) if split else "-",
+                 " / ".join(f"{a:.2f}" for a in s["n_alpha"][:3]) if "n_alpha" in s else "-",
                  f"{s['peak_memory_mb']:.0f}"]
         lines.append("| " + " | ".join(cells) + " |")
+    lines += ["", "Where the time goes: share of the whole generation, then milliseconds per round "
+              "(one target forward)", "",
+              "| method | prefill | draft | verify | other | ms/round: draft | verify | other |",
+              "|" + "---|" * 8]
+    for spec, s in methods.items():
+        if "time_split" in s:
+            split, ms = s["time_split"], s["round_ms"]
+            lines.append(f"| {spec} | " + " | ".join(f"{split[k]:.0%}" for k in PARTS) + " | "
+                         + " | ".join(f"{ms[k]:.1f}" for k in ("draft", "verify", "other")) + " |")
     return "\n".join(lines)
 
 

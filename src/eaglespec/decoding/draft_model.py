@@ -46,7 +46,7 @@ class DraftModelProposer:
         self.drafted = 0  # draft tokens the last round left in the cache
 
     @torch.inference_mode()
-    def start(self, prompt_ids: list[int], features: Tensor) -> None:
+    def start(self, prompt_ids: list[int], features: Tensor | None) -> None:
         if len(prompt_ids) > 1:
             self.draft(torch.tensor([prompt_ids[:-1]], device=self.device), self.cache, last_logits_only=True)
         self.pending = [prompt_ids[-1]]

@@ -49,9 +49,10 @@ class EagleProposer:
         """Whether children are drawn from q (static trees when sampling), else chosen top-k."""
         return not self.params.greedy and self.shape.paths is not None
 
-    def start(self, prompt_ids: list[int], features: Tensor) -> None:
-        """features [1, P - 1, H] of the prefilled prompt[:-1]."""
-        self.pending = (features, torch.tensor([prompt_ids[1:]], device=self.device))
+    def start(self, prompt_ids: list[int], features: Tensor | None) -> None:
+        """features [1, P - 1, H] of the prefilled prompt[:-1] (None for a one-token prompt)."""
+        if features is not None:
+            self.pending = (features, torch.tensor([prompt_ids[1:]], device=self.device))
 
     def accept(self, tokens: list[int], features: Tensor) -> None:
         """tokens: the round's accepted tokens (bonus last); features [1, len(tokens), H]: the

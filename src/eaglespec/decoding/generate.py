@@ -35,8 +35,9 @@ class GenerationOutput:
     accepted_lengths: list[int] | None = None  # rounds that accepted 0, 1, 2, ... draft tokens
     acceptance_by_depth: list[float] | None = None  # share of tested draft tokens accepted per depth
     n_alpha: list[float] | None = None  # the same with a chain tree: 0-alpha, 1-alpha, ...
-    draft_s: float = 0.0
-    verify_s: float = 0.0  # target forwards (prefill included) and acceptance
+    prefill_s: float = 0.0  # the prompt through the target (and the proposer's start)
+    draft_s: float = 0.0  # drafting, every round
+    verify_s: float = 0.0  # target forwards over the drafts, and acceptance
     other_s: float = 0.0  # detokenizing, stop strings, the loop itself
 
     def to_dict(self) -> dict:
@@ -145,8 +146,8 @@ class Generation:
             tree=self.drafter.describe() if self.drafter else None,
             accepted_lengths=stats.accepted_lengths, acceptance_by_depth=stats.acceptance_by_depth(),
             n_alpha=stats.acceptance_by_depth() if self.drafter and self.drafter.shape.chain else None,
-            draft_s=stats.draft_s, verify_s=stats.verify_s,
-            other_s=max(seconds - stats.draft_s - stats.verify_s, 0.0),
+            prefill_s=stats.prefill_s, draft_s=stats.draft_s, verify_s=stats.verify_s,
+            other_s=max(seconds - stats.prefill_s - stats.draft_s - stats.verify_s, 0.0),
         )
 
 

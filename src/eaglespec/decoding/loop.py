@@ -34,8 +34,9 @@ class DecodeStats:
     accepted_lengths: list[int] = field(default_factory=list)  # histogram: rounds that accepted i draft tokens
     tried: list[int] = field(default_factory=list)  # per depth d - 1: draft tokens at depth d the verifier tested
     accepted: list[int] = field(default_factory=list)  # ... and accepted
-    draft_s: float = 0.0  # proposer time, prefill of the draft included
-    verify_s: float = 0.0  # target forwards (prefill included) and acceptance
+    prefill_s: float = 0.0  # the prompt through the target (and the proposer's start)
+    draft_s: float = 0.0  # proposer time per round
+    verify_s: float = 0.0  # target forwards over the trees and acceptance
 
     @property
     def tau(self) -> float:
@@ -78,12 +79,13 @@ def check_prompt(model: Decoder, prompt_ids: list[int]) -> None:
 
 
 class Proposer(Protocol):
-    """Drafts a tree under each round's root. Gets the prompt's features once, then after each
-    round the accepted tokens and the target's features at the positions before them."""
+    """Drafts a tree under each round's root. Gets the prompt and its features once (None for a
+    one-token prompt), then after each round the accepted tokens and the target's features at
+    the positions before them."""
 
     shape: TreeShape
 
-    def start(self, prompt_ids: list[int], features: Tensor) -> None: ...
+    def start(self, prompt_ids: list[int], features: Tensor | None) -> None: ...
 
     def propose(self, max_depth: int) -> DraftTree: ...
 
@@ -110,11 +112,12 @@ def decode(model: Decoder, prompt_ids: list[int], params: SamplingParams, max_ne
     cache = model.new_cache(capacity + (drafter.shape.max_nodes if drafter else 0))
     clock = Clock(device)
     prompt = torch.tensor([prompt_ids], device=device)
+    features = None  # a one-token prompt has nothing to prefill
     if len(prompt_ids) > 1:
         _logits, features = model(prompt[:, :-1], cache, last_logits_only=True)
-        if drafter:
-            drafter.start(prompt_ids, features)
-    stats.verify_s += clock.lap()
+    if drafter:
+        drafter.start(prompt_ids, features)
+    stats.prefill_s += clock.lap()
     root = prompt_ids[-1]
     tree = DraftTree()
     while True:

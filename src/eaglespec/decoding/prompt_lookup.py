@@ -25,7 +25,7 @@ class PromptLookupProposer:
         self.shape: TreeShape = parse_tree(f"chain:{num_tokens}")
         self.history: list[int] = []  # the prompt and every accepted token; the root is last
 
-    def start(self, prompt_ids: list[int], features: Tensor) -> None:
+    def start(self, prompt_ids: list[int], features: Tensor | None) -> None:
         self.history = list(prompt_ids)
 
     def accept(self, tokens: list[int], features: Tensor) -> None:

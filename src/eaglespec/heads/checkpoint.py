@@ -60,7 +60,8 @@ def resolve_head(spec: str, target_name: str) -> Path:
             shipped = ", ".join(sorted(p.parent.name for p in SHIPPED.glob("*/config.json"))) or "none yet"
             raise InvalidArgumentError(
                 f"no shipped head for '{target_name}' (shipped: {shipped}); "
-                "pass --head PATH to a head trained with `eaglespec train`"
+                "pass --head PATH to a head trained with `eaglespec train` (benchmarks/train_head.sh "
+                "holds the recipes; qwen2.5-coder-1.5b-instruct's head is built there, not shipped)"
             )
         return folder
     folder = Path(spec)

@@ -1,0 +1,40 @@
+"""The README's ablation tables, from what benchmarks/ablations.sh wrote: held-out n-alpha per
+epoch of each ablation head (same data and budget), and the bench runs of the tree and data
+ablations.
+
+    .venv/bin/python benchmarks/ablation_report.py   # writes benchmarks/results/ablations/summary.md
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from eaglespec.bench.run import markdown
+
+RESULTS = Path(__file__).parent / "results" / "ablations"
+
+
+def main() -> None:
+    parts = []
+    heads = sorted((RESULTS / "heads").glob("*.json"))
+    if heads:
+        lines = ["| head | epochs | held-out conversations | 0-alpha | 1-alpha | 2-alpha | 3-alpha | 4-alpha |",
+                 "|" + "---|" * 8]
+        for path in heads:
+            meta = json.loads(path.read_text())["eaglespec"]
+            for e in meta["evals"]:
+                alphas = " | ".join(f"{a:.3f}" for a in e["alpha"])
+                lines.append(f"| {path.stem} | {e['epoch']} | {meta['train']['eval_limit']} | {alphas} |")
+        parts.append("\n".join(lines))
+    for path in sorted(RESULTS.glob("*.json")):
+        parts.append(markdown(json.loads(path.read_text())))
+    if not parts:
+        raise SystemExit(f"no results in {RESULTS}: run benchmarks/ablations.sh first")
+    text = "\n\n".join(parts) + "\n"
+    (RESULTS / "summary.md").write_text(text)
+    print(text)
+
+
+if __name__ == "__main__":
+    main()

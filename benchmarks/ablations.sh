@@ -1,0 +1,62 @@
+#!/usr/bin/env bash
+# Ablations (CPU, bf16, 2 threads); every step is resumable and skips what is done. Results go
+# to benchmarks/results/ablations/; ablation_report.py turns them into the README's tables.
+#
+#     bash benchmarks/ablations.sh trees   # chain vs tree (paper Table 5): bench runs on MT-bench
+#     bash benchmarks/ablations.sh heads   # SmolLM2 heads at one budget: the input variants (Fig. 8),
+#                                          # 1 vs 2 decoder layers, random vs target-last-layer init
+#     bash benchmarks/ablations.sh data    # fixed vs target-generated training data (Table 6)
+set -euo pipefail
+cd "$(dirname "$0")/.."
+E=.venv/bin/eaglespec
+M=smollm2-135m-instruct
+CACHE=${EAGLESPEC_CACHE:-$HOME/.cache/eaglespec}
+F=$CACHE/features
+RUNS=$CACHE/runs/ablations
+OUT=benchmarks/results/ablations
+mkdir -p "$OUT" "$RUNS"
+# one training budget for every head: EPOCHS epochs over the same features
+EPOCHS=2
+RECIPE=(--lr 5e-4 --warmup-steps 20 --batch 8 --draft-vocab 8192 --eval-limit 50
+        --checkpoint-every 20 --threads 2)
+
+train() {  # NAME TRAIN_FEATURES [train options]: train (resumably) and keep the run folder
+    local name=$1 features=$2
+    shift 2
+    [[ -f "$RUNS/$name/head/config.json" ]] || \
+        $E train --model $M --train-features "$features" --heldout-features "$F/smollm2-heldout" \
+            --out "$RUNS/$name" --epochs $EPOCHS "${RECIPE[@]}" "$@"
+    mkdir -p "$OUT/heads" && cp "$RUNS/$name/head/config.json" "$OUT/heads/$name.json"
+}
+
+bench() {  # NAME [bench options]
+    local name=$1
+    shift
+    [[ -f "$OUT/$name.json" ]] || $E bench --model $M --threads 2 --max-new-tokens 128 --out "$OUT/$name.json" "$@"
+}
+
+case "${1:?usage: ablations.sh trees|heads|data}" in
+    trees)
+        for T in 0 1; do
+            bench "trees-mt-bench-t$T" --head default --dataset mt-bench --limit 10 --temperature $T \
+                --methods vanilla,eagle:chain:1,eagle:chain:2,eagle:chain:4,eagle:chain:6,eagle:eagle1,eagle:dynamic,eagle:auto
+        done ;;
+    heads)
+        for variant in feature+shifted-token feature+unshifted-token feature token; do
+            train "variant-$variant" "$F/smollm2-train" --input-variant "$variant"
+        done
+        train layers-2 "$F/smollm2-train" --layers 2
+        train init-target-last-layer "$F/smollm2-train" --init target-last-layer ;;
+    data)
+        # the same 300 training conversations, with their ShareGPT answers and with SmolLM2's own
+        $E extract --model $M --split train --limit 300 --out "$F/smollm2-fixed300" --threads 2
+        $E extract --model $M --split train --limit 300 --regenerate --out "$F/smollm2-regen300" --threads 2
+        EPOCHS=6  # more epochs over the smaller set
+        train data-fixed "$F/smollm2-fixed300"
+        train data-regenerated "$F/smollm2-regen300"
+        for data in fixed regenerated; do
+            bench "data-$data-mt-bench-t0" --head "$RUNS/data-$data/head" --dataset mt-bench --limit 10 \
+                --methods vanilla,eagle:chain:4,eagle:auto
+        done ;;
+    *) echo "unknown ablation '$1': trees, heads or data" >&2; exit 1 ;;
+esac

@@ -1,0 +1,34 @@
+#!/usr/bin/env bash
+# The full benchmark table: every method side by side, per model, dataset and temperature
+# (CPU, bf16, 2 threads). Each run writes benchmarks/results/bench/MODEL-DATASET-tT.json and
+# its plots; a run whose JSON exists is skipped, so an interrupted suite resumes. Then
+# suite_report.py prints the README tables and draws the combined plots.
+#
+#     bash benchmarks/suite.sh            # everything (hours on 2 cores)
+#     bash benchmarks/suite.sh smollm2    # only the rows whose name contains "smollm2"
+#
+# The datasets are sub-sampled (LIMIT items, first in file order) to fit a CPU budget.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+ONLY=${1:-}
+OUT=benchmarks/results/bench
+mkdir -p "$OUT"
+SMALL="vanilla,eagle,eagle:chain:4,eagle:eagle1,eagle:dynamic,pld,hf,hf-pld"
+FLAGSHIP="vanilla,eagle,eagle:chain:4,sps:2,sps:3,sps:4,sps:5,sps:6,sps:7,sps:8,pld,hf,hf-assisted,hf-pld"
+
+run() {  # MODEL DATASET TEMPERATURE LIMIT METHODS
+    local name="$1-$2-t$3"
+    [[ -z "$ONLY" || "$name" == *"$ONLY"* ]] || return 0
+    [[ -f "$OUT/$name.json" ]] && { echo "have $OUT/$name.json"; return 0; }
+    .venv/bin/eaglespec bench --model "$1" --head default --dataset "$2" --temperature "$3" --limit "$4" \
+        --methods "$5" --max-new-tokens 128 --threads 2 --out "$OUT/$name.json"
+}
+
+for T in 0 1; do
+    run smollm2-135m-instruct mt-bench $T 10 "$SMALL"
+    run smollm2-135m-instruct humaneval $T 10 "$SMALL"
+    run qwen2.5-coder-0.5b-instruct mt-bench $T 10 "$SMALL"
+    run qwen2.5-coder-0.5b-instruct humaneval $T 10 "$SMALL"
+    run qwen2.5-coder-1.5b-instruct humaneval $T 10 "$FLAGSHIP"
+done
+.venv/bin/python benchmarks/suite_report.py

@@ -1,0 +1,51 @@
+"""The README's benchmark tables and plots, made from the JSON that benchmarks/suite.sh wrote:
+one summary row per model, dataset and temperature (the best tree of EAGLE, the best draft
+length of sps), every run's own table below it, and one speedup and one tau plot over all runs.
+
+    .venv/bin/python benchmarks/suite_report.py    # writes benchmarks/results/bench/summary.md + PNGs
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from eaglespec.bench.plots import plot_speedups, plot_tau
+from eaglespec.bench.run import markdown
+
+RESULTS = Path(__file__).parent / "results" / "bench"
+
+
+def cell(result: dict, family: str) -> str:
+    spec = result["best"].get(family)
+    if spec is None:
+        return "-"
+    s = result["methods"][spec]
+    tau = "" if s["tau"] is None else f", tau {s['tau']:.2f}"
+    vs = f", {s['speedup_vs_hf']:.2f}x hf" if "speedup_vs_hf" in s else ""
+    name = f" ({spec.split(':', 1)[1]})" if ":" in spec else ""
+    return f"{s['speedup']:.2f}x{name}{tau}{vs}"
+
+
+def main() -> None:
+    results = [json.loads(p.read_text()) for p in sorted(RESULTS.glob("*.json"))]
+    if not results:
+        raise SystemExit(f"no results in {RESULTS}: run benchmarks/suite.sh first")
+    families = [f for f in ("eagle", "sps", "pld", "hf", "hf-assisted", "hf-pld")
+                if any(f in r["best"] for r in results)]
+    lines = ["| model | dataset | T | items (turns) | vanilla tok/s | " + " | ".join(families) + " |",
+             "|" + "---|" * (5 + len(families))]
+    for r in results:
+        c = r["config"]
+        lines.append(f"| {c['model']} | {c['dataset']} | {c['temperature']:g} | {r['items']} ({r['turns']}) | "
+                     f"{r['methods']['vanilla']['tokens_per_s']:.1f} | "
+                     + " | ".join(cell(r, f) for f in families) + " |")
+    text = "\n".join(lines) + "\n\n" + "\n\n".join(markdown(r) for r in results) + "\n"
+    (RESULTS / "summary.md").write_text(text)
+    plot_speedups(results, RESULTS / "speedup.png")
+    plot_tau(results, RESULTS / "tau.png")
+    print(text)
+
+
+if __name__ == "__main__":
+    main()
