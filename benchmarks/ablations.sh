@@ -4,7 +4,7 @@
 #
 #     bash benchmarks/ablations.sh trees   # chain vs tree (paper Table 5): bench runs on MT-bench
 #     bash benchmarks/ablations.sh heads   # SmolLM2 heads at one budget: the input variants (Fig. 8),
-#                                          # 1 vs 2 decoder layers, random vs target-last-layer init
+#                                          # and 1 vs 2 decoder layers
 #     bash benchmarks/ablations.sh data    # fixed vs target-generated training data (Table 6)
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -45,8 +45,7 @@ case "${1:?usage: ablations.sh trees|heads|data}" in
         for variant in feature+shifted-token feature+unshifted-token feature token; do
             train "variant-$variant" "$F/smollm2-train" --input-variant "$variant"
         done
-        train layers-2 "$F/smollm2-train" --layers 2
-        train init-target-last-layer "$F/smollm2-train" --init target-last-layer ;;
+        train layers-2 "$F/smollm2-train" --layers 2 ;;
     data)
         # the same 300 training conversations, with their ShareGPT answers and with SmolLM2's own
         $E extract --model $M --split train --limit 300 --out "$F/smollm2-fixed300" --threads 2

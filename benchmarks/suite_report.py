@@ -1,6 +1,6 @@
 """The README's benchmark tables and plots, made from the JSON that benchmarks/suite.sh wrote:
 one summary row per model, dataset and temperature (the best tree of EAGLE, the best draft
-length of sps), every run's own table below it, and one speedup and one tau plot over all runs.
+length of sps), every run's own table below it, and a speedup and a tau plot per model.
 
     .venv/bin/python benchmarks/suite_report.py    # writes benchmarks/results/bench/summary.md + PNGs
 """
@@ -42,8 +42,10 @@ def main() -> None:
                      + " | ".join(cell(r, f) for f in families) + " |")
     text = "\n".join(lines) + "\n\n" + "\n\n".join(markdown(r) for r in results) + "\n"
     (RESULTS / "summary.md").write_text(text)
-    plot_speedups(results, RESULTS / "speedup.png")
-    plot_tau(results, RESULTS / "tau.png")
+    for model in dict.fromkeys(r["config"]["model"] for r in results):
+        mine = [r for r in results if r["config"]["model"] == model]
+        plot_speedups(mine, RESULTS / f"speedup-{model}.png")
+        plot_tau(mine, RESULTS / f"tau-{model}.png")
     print(text)
 
 

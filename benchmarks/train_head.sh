@@ -12,7 +12,7 @@ case "$MODEL" in
     smollm2-135m-instruct) NAME=smollm2; TRAIN=(--draft-vocab 8192 --epochs 10) ;;
     qwen2.5-coder-0.5b-instruct) NAME=qwen05; TRAIN=(--draft-vocab 16384 --epochs 3) ;;
     qwen2.5-coder-1.5b-instruct) NAME=qwen15; HELDOUT=(--limit 30 --max-len 1024)
-        EXTRACT=(--limit 320 --max-len 1024); TRAIN=(--draft-vocab 16384 --epochs 3) ;;
+        EXTRACT=(--limit 320 --max-len 1024); TRAIN=(--draft-vocab 16384 --epochs 6) ;;
     *) echo "no training recipe for '$MODEL'" >&2; exit 1 ;;
 esac
 E=.venv/bin/eaglespec
