@@ -242,8 +242,8 @@ def markdown(result: dict) -> str:
                  " / ".join(f"{a:.2f}" for a in s["n_alpha"][:3]) if "n_alpha" in s else "-",
                  f"{s['peak_memory_mb']:.0f}"]
         lines.append("| " + " | ".join(cells) + " |")
-    lines += ["", "Where the time goes: share of the whole generation, then milliseconds per round "
-              "(one target forward)", "",
+    lines += ["", ("Where the time goes: share of the whole generation, then milliseconds per round "
+                   "(one target forward)"), "",
               "| method | prefill | draft | verify | other | ms/round: draft | verify | other |",
               "|" + "---|" * 8]
     for spec, s in methods.items():
