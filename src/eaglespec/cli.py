@@ -308,7 +308,7 @@ def bench(model_spec, head_spec, dataset, limit, methods, temperature, max_new_t
     import torch
 
     from eaglespec.bench.plots import plot_speedups, plot_tau
-    from eaglespec.bench.run import Bench, BenchConfig, check_methods, markdown
+    from eaglespec.bench.run import Bench, BenchConfig, markdown
     from eaglespec.decoding.loop import check_max_new_tokens
     from eaglespec.decoding.sampling import SamplingParams
     from eaglespec.errors import InvalidArgumentError
@@ -325,7 +325,6 @@ def bench(model_spec, head_spec, dataset, limit, methods, temperature, max_new_t
     SamplingParams(temperature=temperature)
     specs = tuple(m.strip() for m in methods.split(",") if m.strip())
     draft_model = draft_model or DRAFT_MODELS.get(model_spec)
-    check_methods(specs, draft_model)
     if threads:
         torch.set_num_threads(threads)
     config = BenchConfig(model=model_spec, dataset=dataset, methods=specs, head=head_spec, draft_model=draft_model,

@@ -32,7 +32,7 @@ def load_items(dataset: str, limit: int | None = None) -> list[Item]:
     elif dataset == "humaneval":
         items = _humaneval()
     elif dataset == "sharegpt":
-        items = _sharegpt_heldout(limit)
+        items = _sharegpt_heldout()
     else:
         items = _user_file(dataset)
     if not items:
@@ -52,7 +52,7 @@ def _humaneval() -> list[Item]:
     return [Item(r["task_id"], (HUMANEVAL_INSTRUCTION.format(r["prompt"]),)) for r in rows]
 
 
-def _sharegpt_heldout(limit: int | None) -> list[Item]:
+def _sharegpt_heldout() -> list[Item]:
     """First user turns of the held-out conversations (`eaglespec extract`'s default split, which
     training never reads). ShareGPT splits long conversations into parts (id_0, id_1, ...); a
     later part starts mid-conversation ("continue"), so only first parts are taken."""
@@ -66,7 +66,7 @@ def _sharegpt_heldout(limit: int | None) -> list[Item]:
         first = next((m["content"] for m in c.messages if m["role"] == "user"), "")
         if first.strip() and len(first) <= SHAREGPT_MAX_CHARS:
             items.append(Item(f"sharegpt/{c.id}", (first,)))
-    return items[:limit]
+    return items
 
 
 def _turns(record: dict) -> tuple[str, ...]:

@@ -23,13 +23,13 @@ from tqdm import tqdm
 
 from eaglespec.bench.datasets import Item, load_items
 from eaglespec.decoding.generate import chat_ids, generate
-from eaglespec.decoding.methods import METHOD_HELP, method_name, parse_method
+from eaglespec.decoding.methods import METHOD_HELP, PromptLookup, method_name, parse_method
 from eaglespec.errors import InvalidArgumentError
 from eaglespec.timing import Clock, machine
 
 REFERENCES = ("hf", "hf-assisted", "hf-pld")
-HF_PLD_TOKENS = 10
-PARTS = ("prefill", "draft", "verify", "other")  # where a generation's time goes  # transformers' documented example value, and our pld's default
+HF_PLD_TOKENS = PromptLookup.num_tokens  # hf-pld drafts as many tokens as our pld
+PARTS = ("prefill", "draft", "verify", "other")  # where a generation's time goes
 
 
 @dataclass(frozen=True)

@@ -78,9 +78,8 @@ class DraftModelProposer:
                 token = self.draws.sample(q)
             tokens.append(token)
             inputs = [token]
-            if i == 0:
-                self.base = self.cache.length
         self.drafted = k - 1  # the last draft token was never run
+        self.base = self.cache.length - self.drafted
         self.pending = []
         return DraftTree.chain(tokens, probs)
 

@@ -99,9 +99,9 @@ def parse_method(spec: str, head=None, draft=None) -> Method | None:
                 "eaglespec.load(model, head='default')")
         return Eagle(head, arg or "auto")
     if name == "pld":
-        return PromptLookup(int(arg or 10))
+        return PromptLookup(int(arg)) if arg else PromptLookup()
     if draft is None:
         raise InvalidArgumentError(
             "method 'sps' needs a draft model with the target's tokenizer: --draft-model NAME, or "
             "eaglespec.load(model, draft_model=NAME)")
-    return DraftModel(draft, int(arg or 4))
+    return DraftModel(draft, int(arg)) if arg else DraftModel(draft)
