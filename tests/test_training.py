@@ -140,15 +140,22 @@ def test_every_input_variant_trains_and_saves(cfg, variant, tiny):
     assert head.input_variant == variant and head.vocab_size == 256
 
 
+def test_a_two_layer_head_trains_and_saves(cfg, tiny):
+    state = train(cfg("layers-2", num_layers=2, epochs=1), log=lambda m: None)
+    assert state.step > 0 and len(state.evals[0]["alpha"]) == 5
+    assert len(load_head(cfg("layers-2").out + "/head", tiny).layers) == 2
+
+
 def test_training_learns_the_counting_pattern(cfg):
     state = train(cfg("learn", epochs=6, draft_vocab=0), log=lambda m: None)
     assert state.evals[-1]["alpha"][0] > state.evals[0]["alpha"][0] + 0.03  # from 0.0 to about 0.065
     assert state.history[-1]["loss"] < 0.95 * state.history[0]["loss"]
 
 
-def test_chain_predictions_match_step_by_step_drafting(tiny, extracted):
+@pytest.mark.parametrize("layers", [1, 2])
+def test_chain_predictions_match_step_by_step_drafting(tiny, extracted, layers):
     torch.manual_seed(1)
-    head = EagleHead(tiny.model.config).attach(tiny.model).eval()
+    head = EagleHead(tiny.model.config, num_layers=layers).attach(tiny.model).eval()
     sample = FeatureSet(extracted / "heldout")[0]
     steps = chain_predictions(head, sample, depth=3)
     tokens, feats = sample["tokens"].long(), sample["features"].float()

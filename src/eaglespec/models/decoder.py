@@ -108,10 +108,16 @@ class Attention(nn.Module):
         q, k, v = self.qkv(x).split(self.split, dim=-1)
         q = rotate(q.view(B, T, self.heads, self.head_dim).transpose(1, 2), cos, sin)
         k = rotate(k.view(B, T, self.kv_heads, self.head_dim).transpose(1, 2), cos, sin)
+        v = v.view(B, T, self.kv_heads, self.head_dim).transpose(1, 2)
         end = start + T
         k_cache[:, :, start:end] = k
-        v_cache[:, :, start:end] = v.view(B, T, self.kv_heads, self.head_dim).transpose(1, 2)
-        keys, values = k_cache[:, :, :end], v_cache[:, :, :end]
+        v_cache[:, :, start:end] = v
+        if start == 0:
+            # The same numbers as the cache's, but not a view of it: the next layer's write to the
+            # shared cache tensor would invalidate such a view for autograd (training >1 layer).
+            keys, values = k.to(k_cache.dtype), v.to(v_cache.dtype)
+        else:
+            keys, values = k_cache[:, :, :end], v_cache[:, :, :end]
         if mask is None and T > 1:  # prefill of an empty cache
             y = F.scaled_dot_product_attention(q, keys, values, is_causal=True,
                                                enable_gqa=self.heads != self.kv_heads)
