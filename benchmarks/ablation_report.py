@@ -28,7 +28,8 @@ def main() -> None:
                 lines.append(f"| {path.stem} | {e['epoch']} | {meta['train']['eval_limit']} | {alphas} |")
         parts.append("\n".join(lines))
     for path in sorted(RESULTS.glob("*.json")):
-        parts.append(markdown(json.loads(path.read_text())))
+        result = json.loads(path.read_text())
+        parts.append(f"**{path.stem}** (head: {result['config']['head']})\n\n" + markdown(result))
     if not parts:
         raise SystemExit(f"no results in {RESULTS}: run benchmarks/ablations.sh first")
     text = "\n\n".join(parts) + "\n"

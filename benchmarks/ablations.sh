@@ -45,14 +45,20 @@ case "${1:?usage: ablations.sh trees|heads|data}" in
         for variant in feature+shifted-token feature+unshifted-token feature token; do
             train "variant-$variant" "$F/smollm2-train" --input-variant "$variant"
         done
-        train layers-2 "$F/smollm2-train" --layers 2 ;;
+        train layers-2 "$F/smollm2-train" --layers 2
+        # decoding reads only the paper's variant, so 1 vs 2 layers is also measured end to end
+        bench layers-1-mt-bench-t0 --head "$RUNS/variant-feature+shifted-token/head" --dataset mt-bench \
+            --limit 10 --methods vanilla,eagle:chain:4,eagle:auto
+        bench layers-2-mt-bench-t0 --head "$RUNS/layers-2/head" --dataset mt-bench --limit 10 \
+            --methods vanilla,eagle:chain:4,eagle:auto ;;
     data)
-        # the same 300 training conversations, with their ShareGPT answers and with SmolLM2's own
-        $E extract --model $M --split train --limit 300 --out "$F/smollm2-fixed300" --threads 2
-        $E extract --model $M --split train --limit 300 --regenerate --out "$F/smollm2-regen300" --threads 2
+        # the same 200 training conversations (667 assistant turns), with their ShareGPT answers and
+        # with SmolLM2's own greedy ones (up to 512 tokens each: about an hour of generation)
+        $E extract --model $M --split train --limit 200 --out "$F/smollm2-fixed200" --threads 2
+        $E extract --model $M --split train --limit 200 --regenerate --out "$F/smollm2-regen200" --threads 2
         EPOCHS=6  # more epochs over the smaller set
-        train data-fixed "$F/smollm2-fixed300"
-        train data-regenerated "$F/smollm2-regen300"
+        train data-fixed "$F/smollm2-fixed200"
+        train data-regenerated "$F/smollm2-regen200"
         for data in fixed regenerated; do
             bench "data-$data-mt-bench-t0" --head "$RUNS/data-$data/head" --dataset mt-bench --limit 10 \
                 --methods vanilla,eagle:chain:4,eagle:auto
