@@ -52,13 +52,14 @@ case "${1:?usage: ablations.sh trees|heads|data}" in
         bench layers-2-mt-bench-t0 --head "$RUNS/layers-2/head" --dataset mt-bench --limit 10 \
             --methods vanilla,eagle:chain:4,eagle:auto ;;
     data)
-        # the same 200 training conversations (667 assistant turns), with their ShareGPT answers and
-        # with SmolLM2's own greedy ones (up to 512 tokens each: about an hour of generation)
-        $E extract --model $M --split train --limit 200 --out "$F/smollm2-fixed200" --threads 2
-        $E extract --model $M --split train --limit 200 --regenerate --out "$F/smollm2-regen200" --threads 2
+        # the same 120 training conversations (431 assistant turns), with their ShareGPT answers and
+        # with SmolLM2's own greedy ones (up to 512 tokens each; about 37 s of generation per
+        # conversation here, so about 75 minutes)
+        $E extract --model $M --split train --limit 120 --out "$F/smollm2-fixed120" --threads 2
+        $E extract --model $M --split train --limit 120 --regenerate --out "$F/smollm2-regen120" --threads 2
         EPOCHS=6  # more epochs over the smaller set
-        train data-fixed "$F/smollm2-fixed200"
-        train data-regenerated "$F/smollm2-regen200"
+        train data-fixed "$F/smollm2-fixed120"
+        train data-regenerated "$F/smollm2-regen120"
         for data in fixed regenerated; do
             bench "data-$data-mt-bench-t0" --head "$RUNS/data-$data/head" --dataset mt-bench --limit 10 \
                 --methods vanilla,eagle:chain:4,eagle:auto
