@@ -5,6 +5,7 @@ import json
 import os
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 import torch
@@ -130,6 +131,24 @@ def test_ctrl_c_saves_and_resumes(cfg, monkeypatch):
     assert saved["state"]["step"] == 2
     monkeypatch.setattr(trainer_module, "conversation_loss", real)
     assert train(cfg("ctrl-c"), log=lambda m: None).history == whole.history
+
+
+def test_ctrl_c_during_the_epoch_evaluation_evaluates_again_on_resume(cfg, monkeypatch):
+    whole = train(cfg("whole"), log=lambda m: None)
+    real = trainer_module.evaluate
+
+    def interrupted(*args, **kwargs):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(trainer_module, "evaluate", interrupted)
+    with pytest.raises(KeyboardInterrupt):
+        train(cfg("ctrl-c"), log=lambda m: None)
+    monkeypatch.setattr(trainer_module, "evaluate", real)
+    resumed = train(cfg("ctrl-c"), log=lambda m: None)
+    assert [e["epoch"] for e in whole.evals] == list(range(1, len(whole.evals) + 1))
+    assert resumed.evals == whole.evals and resumed.history == whole.history
+    head = json.loads((Path(cfg("ctrl-c").out) / "head" / "config.json").read_text())["eaglespec"]
+    assert head["evals"] == whole.evals and head["train_seconds"] >= 0
 
 
 @pytest.mark.parametrize("variant", INPUT_VARIANTS)

@@ -72,6 +72,7 @@ class State:
     step: int = 0
     history: list[dict] = field(default_factory=list)  # per optimizer step
     evals: list[dict] = field(default_factory=list)  # per epoch
+    seconds: float = 0.0  # wall time of the run so far, over all its stretches
 
 
 def draft_vocabulary(train: FeatureSet, size: int) -> torch.Tensor:
@@ -173,12 +174,16 @@ def train(config: TrainConfig, log=print) -> State:
         state = State(**saved["state"])
         log(f"resuming at epoch {state.epoch + 1}, step {state.step}")
 
+    def elapsed() -> float:
+        return base_seconds + time.monotonic() - started
+
     def save() -> None:
+        state.seconds = elapsed()
         if rank == 0:
             _atomic_save({"config": asdict(config), "head": head.state_dict(), "optimizer": optimizer.state_dict(),
                           "scheduler": scheduler.state_dict(), "state": asdict(state)}, checkpoint)
 
-    started = time.monotonic()
+    started, base_seconds = time.monotonic(), state.seconds
     bar = tqdm(total=per_epoch * config.epochs, initial=state.step, unit="step", desc="training",
                disable=rank != 0)
     try:
@@ -220,19 +225,20 @@ def train(config: TrainConfig, log=print) -> State:
                     save()
                     log(f"stopped at step {state.step}; run the same command again to resume")
                     return state
-            state.epoch += 1
-            state.batch = 0
+            # the epoch counts as done once evaluated: an interrupted evaluation runs again on resume
             if heldout is not None and rank == 0:
                 limit = len(heldout) if config.eval_limit is None else min(config.eval_limit, len(heldout))
                 head.eval()
                 result = evaluate(head, (heldout[i] for i in range(limit)))
                 head.train()
-                state.evals.append({"epoch": state.epoch, "step": state.step, **result})
-                log(f"epoch {state.epoch}: held-out alpha " + ", ".join(f"{a:.3f}" for a in result["alpha"]))
+                state.evals.append({"epoch": state.epoch + 1, "step": state.step, **result})
+                log(f"epoch {state.epoch + 1}: held-out alpha " + ", ".join(f"{a:.3f}" for a in result["alpha"]))
+            state.epoch += 1
+            state.batch = 0
             if rank == 0:
                 split = {k: train_set.manifest[k] for k in ("source", "max_len", "heldout_fraction", "seed")}
-                save_head(head, out / "head", config.model,
-                          {"split": split, "train": asdict(config), "evals": state.evals})
+                save_head(head, out / "head", config.model, {"split": split, "train": asdict(config),
+                                                            "evals": state.evals, "train_seconds": round(elapsed())})
                 plot_curves(state, out / "curves.png")
             save()
     except KeyboardInterrupt:
