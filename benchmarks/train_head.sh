@@ -2,7 +2,9 @@
 # The exact commands behind a shipped head (heads/MODEL):
 #     bash benchmarks/train_head.sh smollm2-135m-instruct
 #     bash benchmarks/train_head.sh qwen2.5-coder-0.5b-instruct
-#     bash benchmarks/train_head.sh qwen2.5-coder-1.5b-instruct   (not committed: 90 MB; this rebuilds it)
+#     bash benchmarks/train_head.sh qwen2.5-coder-1.5b-instruct   (not committed: 103 MB; this rebuilds it
+#                                                                  and copies its config, eval and curves
+#                                                                  under benchmarks/results/heads/)
 # Resumable: run it again after an interruption and every step continues where it stopped.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -27,3 +29,7 @@ $E train --model "$MODEL" --train-features "$F/$NAME-train" --heldout-features "
 rm -rf "heads/$MODEL" && mkdir -p heads && cp -r "$RUN/head" "heads/$MODEL"
 cp "$RUN/curves.png" "heads/$MODEL/curves.png"
 $E eval-head --model "$MODEL" --head default --limit 50 --json | tee "heads/$MODEL/eval.json"
+if git check-ignore -q "heads/$MODEL"; then  # the weights stay local; their record is committed
+    R=benchmarks/results/heads/$MODEL
+    mkdir -p "$R" && cp "heads/$MODEL/config.json" "heads/$MODEL/eval.json" "heads/$MODEL/curves.png" "$R/"
+fi

@@ -237,8 +237,9 @@ def train(config: TrainConfig, log=print) -> State:
             state.batch = 0
             if rank == 0:
                 split = {k: train_set.manifest[k] for k in ("source", "max_len", "heldout_fraction", "seed")}
-                save_head(head, out / "head", config.model, {"split": split, "train": asdict(config),
-                                                            "evals": state.evals, "train_seconds": round(elapsed())})
+                record = {"split": split, "train": asdict(config), "evals": state.evals,
+                          "train_conversations": len(train_set), "train_seconds": round(elapsed())}
+                save_head(head, out / "head", config.model, record)
                 plot_curves(state, out / "curves.png")
             save()
     except KeyboardInterrupt:
