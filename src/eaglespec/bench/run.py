@@ -230,7 +230,7 @@ def markdown(result: dict) -> str:
     methods = result["methods"]
     refs = [b for b in ("hf", "hf-assisted") if b in methods]
     head = ["method", "tokens/s", "speedup (median)", "speedup (mean)", *(f"vs {b}" for b in refs), "tau",
-            "0/1/2-alpha (chains)", "peak MB"]
+            "0/1/2-alpha (chains)", "peak MiB"]
     title = (f"{c['model']} on {c['dataset']} ({result['items']} items, {result['turns']} turns), "
              f"temperature {c['temperature']:g}, max {c['max_new_tokens']} new tokens, {c['dtype']}, "
              f"{result['machine']['threads']} threads")
