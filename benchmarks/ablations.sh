@@ -53,8 +53,8 @@ case "${1:?usage: ablations.sh trees|heads|data}" in
             --methods vanilla,eagle:chain:4,eagle:auto ;;
     data)
         # the same 120 training conversations (431 assistant turns), with their ShareGPT answers and
-        # with SmolLM2's own greedy ones (up to 512 tokens each; about 37 s of generation per
-        # conversation here, so about 75 minutes)
+        # with SmolLM2's own greedy ones (up to 512 tokens each; the regeneration is the long step,
+        # about an hour on 2 cores)
         $E extract --model $M --split train --limit 120 --out "$F/smollm2-fixed120" --threads 2
         $E extract --model $M --split train --limit 120 --regenerate --out "$F/smollm2-regen120" --threads 2
         EPOCHS=6  # more epochs over the smaller set
