@@ -6,6 +6,9 @@
 #     bash benchmarks/ablations.sh heads   # SmolLM2 heads at one budget: the input variants (Fig. 8),
 #                                          # and 1 vs 2 decoder layers
 #     bash benchmarks/ablations.sh data    # fixed vs target-generated training data (Table 6)
+#     bash benchmarks/ablations.sh objectives  # SmolLM2 heads at one time budget each: EAGLE-1's loss vs
+#                                          # the token-level objectives, 1 / 3 / 5 unrolled steps
+#                                          # (training-time test), EAGLE-1 vs EAGLE-3
 set -euo pipefail
 cd "$(dirname "$0")/.."
 E=.venv/bin/eaglespec
@@ -56,7 +59,10 @@ case "${1:?usage: ablations.sh trees|heads|data}" in
         # with SmolLM2's own greedy ones (up to 512 tokens each; the regeneration is the long step,
         # about an hour on 2 cores)
         $E extract --model $M --split train --limit 120 --out "$F/smollm2-fixed120" --threads 2
-        $E extract --model $M --split train --limit 120 --regenerate --out "$F/smollm2-regen120" --threads 2
+        $E regenerate --model $M --limit 120 --turns 0 --max-prompt-tokens 2048 --method vanilla \
+            --out "$CACHE/data/smollm2-regen120" --threads 2
+        $E extract --model $M --data "$CACHE/data/smollm2-regen120" --split train --limit 120 \
+            --out "$F/smollm2-regen120" --threads 2
         EPOCHS=6  # more epochs over the smaller set
         train data-fixed "$F/smollm2-fixed120"
         train data-regenerated "$F/smollm2-regen120"
@@ -64,5 +70,27 @@ case "${1:?usage: ablations.sh trees|heads|data}" in
             bench "data-$data-mt-bench-t0" --head "$RUNS/data-$data/head" --dataset mt-bench --limit 10 \
                 --methods vanilla,eagle:chain:4,eagle:auto
         done ;;
-    *) echo "unknown ablation '$1': trees, heads or data" >&2; exit 1 ;;
+    objectives)
+        # the same features (with the hidden states an EAGLE-3 head reads) and BUDGET minutes of
+        # training each, the lr decaying to 0 at the budget; fp32 target forwards for extraction
+        # (faster than bf16 on CPUs without bf16 instructions)
+        BUDGET=${BUDGET:-12}
+        A=(--aux-layers eagle3 --dtype float32 --threads 2)
+        $E extract --model $M --split heldout --limit 100 "${A[@]}" --out "$F/smollm2-aux-heldout"
+        $E extract --model $M --split train --limit 400 "${A[@]}" --out "$F/smollm2-aux-train400"
+        budget() {  # NAME [train options]
+            local name=$1
+            shift
+            $E train --model $M --train-features "$F/smollm2-aux-train400" --heldout-features "$F/smollm2-aux-heldout" \
+                --out "$RUNS/$name" --epochs 1000 --budget-minutes "$BUDGET" "${RECIPE[@]}" "$@"  # a finished run returns at once
+            mkdir -p "$OUT/objectives" && cp "$RUNS/$name/head/config.json" "$OUT/objectives/$name.json"
+        }
+        budget obj-eagle1                                   # feature:1,ce:0.1, one step (EAGLE-1)
+        budget obj-ce --loss ce
+        budget obj-accept --loss accept
+        budget obj-topk --loss ce:1,topk:1                  # HASS's top-K term beside the CE
+        budget unroll-3 --loss ce --unroll 3
+        budget unroll-5 --loss ce --unroll 5
+        budget eagle3-unroll-3 --head-type eagle3 --loss ce --unroll 3 ;;
+    *) echo "unknown ablation '$1': trees, heads, data or objectives" >&2; exit 1 ;;
 esac

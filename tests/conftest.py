@@ -48,16 +48,26 @@ def smollm2_hf(smollm2):
 
 
 @pytest.fixture(scope="session")
-def tiny_target_folder(tmp_path_factory, smollm2):
-    """A Hugging Face folder: a tiny random Llama with SmolLM2's tokenizer and chat template."""
-    folder = tmp_path_factory.mktemp("tiny-target")
-    config = LlamaConfig(vocab_size=49152, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
-                         num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=512,
-                         eos_token_id=2, bos_token_id=1, rope_theta=100000.0)
-    torch.manual_seed(0)
-    AutoModelForCausalLM.from_config(config).save_pretrained(folder)
-    smollm2.tokenizer.save_pretrained(folder)
-    return folder
+def make_tiny_target(tmp_path_factory, smollm2):
+    """make(name, **config) -> a Hugging Face folder: a tiny random Llama (2 layers, hidden 32 unless
+    told otherwise) with SmolLM2's tokenizer and chat template."""
+
+    def make(name: str, **overrides):
+        folder = tmp_path_factory.mktemp(name)
+        settings = dict(vocab_size=49152, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+                        num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=512,
+                        eos_token_id=2, bos_token_id=1, rope_theta=100000.0)
+        torch.manual_seed(0)
+        AutoModelForCausalLM.from_config(LlamaConfig(**(settings | overrides))).save_pretrained(folder)
+        smollm2.tokenizer.save_pretrained(folder)
+        return folder
+
+    return make
+
+
+@pytest.fixture(scope="session")
+def tiny_target_folder(make_tiny_target):
+    return make_tiny_target("tiny-target")
 
 
 @pytest.fixture(scope="session")

@@ -70,3 +70,24 @@ def test_held_out_split_is_fixed_and_seeded():
     assert held == {i for i in ids if is_held_out(i, 0.1, seed=0)}
     assert 120 < len(held) < 280
     assert held != {i for i in ids if is_held_out(i, 0.1, seed=1)}
+
+
+def test_weighted_sources_mix_in_their_shares(tmp_path):
+    import gzip
+
+    for name, n in (("human", 10), ("self", 30)):
+        folder = tmp_path / name
+        folder.mkdir()
+        with gzip.open(folder / "part-00000.jsonl.gz", "wt") as f:  # a folder of shards, as `regenerate` writes
+            for i in range(n):
+                f.write(json.dumps({"id": f"{name}{i}", "messages": [{"role": "user", "content": "q"},
+                                                                     {"role": "assistant", "content": "a"}]}) + "\n")
+    spec = f"{tmp_path / 'human'}:1,{tmp_path / 'self'}:3"
+    mixed = [c.id for c in select(ExtractConfig(model="", source=spec, limit=8, heldout_fraction=0.0), ReadReport())]
+    assert mixed == ["self0", "human0", "self1", "self2", "self3", "human1", "self4", "self5"]
+    # no limit: as many as the scarcer source allows at these shares (10 human -> 30 self)
+    whole = select(ExtractConfig(model="", source=spec, heldout_fraction=0.0), ReadReport())
+    assert len(whole) == 40 and sum(c.id.startswith("human") for c in whole) == 10
+    for bad in (f"{tmp_path / 'human'}:x,sharegpt:1", f"{tmp_path / 'human'}:0,sharegpt:0"):
+        with pytest.raises(InvalidArgumentError, match="--data"):
+            select(ExtractConfig(model="", source=bad), ReadReport())

@@ -2,8 +2,9 @@
 greedy output equals vanilla token for token (also at max_new_tokens, stop strings, the context
 limit and a one-token prompt), and sampling follows the target's distribution (a goodness-of-fit
 test against exact probabilities). Methods: EAGLE (every tree; the shipped head and a random
-head, which exercises rejections), classic speculative sampling with a weak draft model, and
-prompt lookup."""
+head, which exercises rejections), EAGLE-3 heads (a random one, and an "early exit" one that
+drafts from the target's own hidden state one layer before the end, which the target often
+accepts), classic speculative sampling with a weak draft model, and prompt lookup."""
 
 from dataclasses import replace
 
@@ -14,7 +15,7 @@ from eaglespec.decoding.generate import generate
 from eaglespec.decoding.methods import Eagle, PromptLookup, parse_method
 from eaglespec.decoding.prompt_lookup import PromptLookupProposer
 from eaglespec.errors import InvalidArgumentError
-from eaglespec.heads.head import EagleHead
+from eaglespec.heads.head import Eagle3Head, EagleHead
 
 PROMPTS = [
     "Write a Python function that checks whether a number is prime.",
@@ -22,7 +23,8 @@ PROMPTS = [
     "Repeat this sentence three times: 'The quick brown fox jumps over the lazy dog.'",
 ]
 TREES = ["eagle1", "chain:4", "dynamic:topk=3,depth=4,tokens=10", "auto"]
-METHODS = [*(f"eagle:{t}" for t in TREES), "eagle-random:eagle1", "eagle-random:auto", "sps:3", "pld:6"]
+METHODS = [*(f"eagle:{t}" for t in TREES), "eagle-random:eagle1", "eagle-random:auto", "eagle3-random:eagle1",
+           "eagle3-exit:eagle1", "eagle3-exit:auto", "sps:3", "pld:6"]
 
 
 @pytest.fixture(scope="module")
@@ -34,10 +36,33 @@ def random_head(smollm2):
 
 
 @pytest.fixture(scope="module")
-def make(shipped, random_head, smollm2_draft):
+def eagle3_heads(smollm2):
+    """EAGLE-3 heads: a random one over a random 4k-token draft vocabulary, and an "early exit"
+    one over the whole vocabulary whose fc passes the hidden state entering the target's last
+    layer through and whose own layer adds nothing (zero output projections), so it drafts with
+    the target's LM head applied one layer early."""
+    c = smollm2.model.config
+    torch.manual_seed(0)
+    vocab = torch.randperm(c.vocab_size)[:4096]
+    random = Eagle3Head(c, (2, 15, 27), len(vocab)).eval().requires_grad_(False).attach(smollm2.model, vocab)
+    exit_head = Eagle3Head(c, (2, 15, 29), c.vocab_size).eval().requires_grad_(False).attach(smollm2.model)
+    exit_head.init_from_target(smollm2.model)
+    with torch.no_grad():
+        exit_head.fc.weight.zero_()
+        exit_head.fc.weight[:, 2 * c.hidden_size:] = torch.eye(c.hidden_size)
+        exit_head.layers[0].attn.o.weight.zero_()
+        exit_head.layers[0].mlp.down.weight.zero_()
+    return {"eagle3-random": random, "eagle3-exit": exit_head}
+
+
+@pytest.fixture(scope="module")
+def make(shipped, random_head, eagle3_heads, smollm2_draft):
     def make(spec: str):
-        if spec.startswith("eagle-random:"):
-            return Eagle(random_head, spec.split(":", 1)[1])
+        name, _, tree = spec.partition(":")
+        if name == "eagle-random":
+            return Eagle(random_head, tree)
+        if name in eagle3_heads:
+            return Eagle(eagle3_heads[name], tree)
         return parse_method(spec, shipped, smollm2_draft)
 
     return make
@@ -55,7 +80,7 @@ def test_greedy_equals_vanilla(smollm2, make, vanilla, spec):
     for out, expected in zip(outs, vanilla):
         assert out.token_ids == expected
         assert out.method == method.name and sum(out.accepted_lengths) == out.target_forwards
-    if not spec.startswith("eagle-random"):  # drafts the target accepts, so the path is exercised
+    if "random" not in spec:  # drafts the target accepts, so the path is exercised
         assert sum(o.new_tokens for o in outs) > sum(o.target_forwards for o in outs)
 
 
@@ -125,7 +150,8 @@ def chi_square_p_value(counts: list[int], probs: list[float]) -> float:
                                          torch.tensor(stat / 2, dtype=torch.float64)))
 
 
-@pytest.mark.parametrize("spec", ["eagle:eagle1", "eagle:dynamic:topk=3,depth=3,tokens=8", "sps:3", "pld:3"])
+@pytest.mark.parametrize("spec", ["eagle:eagle1", "eagle:dynamic:topk=3,depth=3,tokens=8", "eagle3-exit:eagle1",
+                                  "sps:3", "pld:3"])
 def test_sampling_matches_the_target_distribution(smollm2, smollm2_hf, make, spec):
     """The first 3 tokens of 300 seeded samples at temperature 1 against their exact vanilla
     probabilities: a chi-square test over 15 bins (see `exact_bins`), rejecting at p < 1e-3.

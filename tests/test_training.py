@@ -1,6 +1,7 @@
 """The training pipeline on a tiny target: extraction, loss, exact resume, Ctrl-C, DDP, n-alpha."""
 
 import errno
+from dataclasses import replace
 import json
 import os
 import subprocess
@@ -220,20 +221,35 @@ def test_two_processes_under_torchrun_match_one(cfg, tmp_path):
     assert [h["loss"] for h in b["state"]["history"]] == pytest.approx([h["loss"] for h in single.history], rel=1e-5)
 
 
-def test_regenerated_turns_are_the_targets_own_greedy_answers(tiny):
-    from eaglespec.decoding.generate import generate, prompt_ids
-    from eaglespec.training.data import Conversation
-    from eaglespec.training.features import regenerate
+def test_regenerated_answers_are_the_targets_own_and_resume(tiny, dataset, tmp_path):
+    from eaglespec.decoding.generate import chat_ids, generate
+    from eaglespec.training.data import Conversation, ReadReport, read_conversations
+    from eaglespec.training.regenerate import RegenerateConfig, regenerate, regenerate_conversation
 
     conversation = Conversation("r", [{"role": "user", "content": "Say something."},
                                       {"role": "assistant", "content": "original answer"},
                                       {"role": "user", "content": "More."},
                                       {"role": "assistant", "content": "second original"}])
-    new = regenerate(tiny, conversation, max_new_tokens=6)
-    first = generate(tiny, prompt_ids(tiny, "Say something.", chat=True), max_new_tokens=6).text
+    config = RegenerateConfig(str(tiny.folder), str(dataset), turns=0, max_new_tokens=6)
+    new, generated = regenerate_conversation(tiny, conversation, config)
+    first = generate(tiny, chat_ids(tiny, [{"role": "user", "content": "Say something."}]), max_new_tokens=6)
     assert [m["role"] for m in new.messages] == ["user", "assistant", "user", "assistant"]
-    assert new.messages[1]["content"] == first != "original answer"
-    assert new.messages[3]["content"] != "second original"
+    assert new.messages[1]["content"] == first.text != "original answer"
+    assert new.messages[3]["content"] != "second original" and generated > first.new_tokens
+    one_turn, _ = regenerate_conversation(tiny, conversation, replace(config, turns=1))
+    assert one_turn.messages == new.messages[:2]
+    # a dataset folder, shard by shard; an interrupted run resumes with the next shard
+    config = RegenerateConfig(str(tiny.folder), str(dataset), limit=5, max_new_tokens=4, shard_size=2)
+    out = tmp_path / "regen"
+    assert regenerate(tiny, config, out, max_minutes=0)["left"] == 2  # stopped after the first shard
+    first_shard = (out / "part-00000.jsonl.gz").read_bytes()
+    assert regenerate(tiny, config, out)["done_now"] == 2
+    assert (out / "part-00000.jsonl.gz").read_bytes() == first_shard
+    records = list(read_conversations(str(out), ReadReport()))
+    ids = [r.id for r in records]
+    assert len(ids) == 5 and ids == sorted(ids, key=lambda i: int(i[1:]))  # file order and all(r.messages[1]["role"] == "assistant" for r in records)
+    with pytest.raises(InvalidArgumentError, match="other settings"):
+        regenerate(tiny, replace(config, max_new_tokens=5), out)
 
 
 def test_eval_head_command_reports_n_alpha(cfg, tiny):

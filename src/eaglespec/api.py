@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from eaglespec.decoding.generate import Generation, GenerationOutput, generate
 from eaglespec.decoding.methods import Method, parse_method
 from eaglespec.heads.checkpoint import load_head
-from eaglespec.heads.head import EagleHead
+from eaglespec.heads.head import DraftHead
 from eaglespec.models.load import Target, load_target
 from eaglespec.models.registry import DEFAULT_MODEL
 
@@ -24,7 +24,7 @@ from eaglespec.models.registry import DEFAULT_MODEL
 @dataclass
 class Model:
     target: Target
-    head: EagleHead | None  # None: no EAGLE
+    head: DraftHead | None  # None: no EAGLE
     draft: Target | None = None  # a draft model for sps
 
     def stream(self, prompt: str | list[int], *, method: str | Method | None = None, tree: str = "auto",

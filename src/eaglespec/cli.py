@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import sys
 
 import click
@@ -147,16 +148,35 @@ def _timing(out) -> str:
             f"tokens/s, tau {out.tau:.2f}, {out.target_forwards} target forwards, finish: {out.finish_reason}")
 
 
+def _aux_list(spec: str) -> tuple[int, ...]:
+    """--aux-layers as given: '' (none) or comma-separated layer indices."""
+    try:
+        return tuple(int(x) for x in spec.split(",")) if spec else ()
+    except ValueError:
+        raise EaglespecError(f"--aux-layers '{spec}': give three layer indices like 2,15,27") from None
+
+
+def _aux_layers(spec: str, num_layers: int) -> tuple[int, ...]:
+    """extract's --aux-layers: '' (none), 'eagle3' (vLLM's default layers) or three indices."""
+    from eaglespec.heads.head import check_aux_layers, default_aux_layers
+
+    if spec == "eagle3":
+        return default_aux_layers(num_layers)
+    layers = _aux_list(spec)
+    if layers:
+        check_aux_layers(layers, num_layers)
+    return layers
+
+
 def _world() -> tuple[int, int]:
     """(rank, world size) under torchrun, else (0, 1)."""
-    import os
-
     return int(os.environ.get("RANK", "0")), int(os.environ.get("WORLD_SIZE", "1"))
 
 
 @main.command("show-data")
 @click.option("--model", "model_spec", default=DEFAULT_MODEL, show_default=True)
-@click.option("--data", default="sharegpt", show_default=True, help="'sharegpt' or a .json/.jsonl/.txt file.")
+@click.option("--data", default="sharegpt", show_default=True,
+              help="'sharegpt', a .json/.jsonl(.gz)/.txt file or a folder of part-*.jsonl.gz shards.")
 @click.option("--index", default=0, show_default=True, help="Which conversation to show.")
 def show_data(model_spec: str, data: str, index: int) -> None:
     """Print one conversation as the target's chat template renders it, trained spans in [[...]]."""
@@ -176,19 +196,25 @@ def show_data(model_spec: str, data: str, index: int) -> None:
 
 @main.command()
 @click.option("--model", "model_spec", required=True)
-@click.option("--data", default="sharegpt", show_default=True, help="'sharegpt' or a .json/.jsonl/.txt file.")
+@click.option("--data", default="sharegpt", show_default=True,
+              help="'sharegpt', a .json/.jsonl(.gz)/.txt file or a folder of part-*.jsonl.gz shards; several "
+                   "sources mix by weight: sharegpt:1,data/regenerated/MODEL:1.")
 @click.option("--split", type=click.Choice(["train", "heldout"]), default="train", show_default=True)
 @click.option("--limit", type=int, default=None, help="Conversations to take from the split (default: all).")
 @click.option("--max-len", default=2048, show_default=True, help="Tokens kept per conversation.")
 @click.option("--heldout-fraction", default=0.02, show_default=True)
 @click.option("--seed", default=0, show_default=True, help="Seed of the held-out split.")
 @click.option("--shard-size", default=32, show_default=True, help="Conversations per shard.")
-@click.option("--regenerate", is_flag=True, help="Replace assistant turns with the target's own greedy answers.")
-@click.option("--regenerate-max-tokens", default=512, show_default=True)
+@click.option("--aux-layers", default="", help="EAGLE-3: also store the hidden states entering these target "
+              "layers, e.g. 2,15,27 ('eagle3': vLLM's default 2,N//2,N-3).")
+@click.option("--dtype", type=click.Choice(["bfloat16", "float32"]), default="bfloat16", show_default=True,
+              help="The target's dtype (float32 is faster on CPUs without bf16 instructions).")
+@click.option("--device", default="cpu", show_default=True,
+              help="cpu or cuda (under torchrun, each process uses its LOCAL_RANK's GPU).")
 @click.option("--out", required=True, type=click.Path(), help="Feature folder (resumable).")
 @click.option("--threads", default=None, type=int)
-def extract(model_spec, data, split, limit, max_len, heldout_fraction, seed, shard_size, regenerate,
-            regenerate_max_tokens, out, threads) -> None:
+def extract(model_spec, data, split, limit, max_len, heldout_fraction, seed, shard_size, aux_layers, dtype, device,
+            out, threads) -> None:
     """Extract target features for training (resumable; runs unchanged under torchrun)."""
     import torch
 
@@ -198,10 +224,55 @@ def extract(model_spec, data, split, limit, max_len, heldout_fraction, seed, sha
 
     if threads:
         torch.set_num_threads(threads)
+    if device == "cuda":
+        device = f"cuda:{os.environ.get('LOCAL_RANK', '0')}"
+    target = load_target(model_spec, dtype, device)
     config = ExtractConfig(model_spec, data, split, limit, max_len, heldout_fraction, seed, shard_size,
-                           regenerate, regenerate_max_tokens)
+                           _aux_layers(aux_layers, target.model.config.num_layers), dtype)
     rank, world = _world()
-    summary = run_extract(load_target(model_spec), config, out, rank, world)
+    summary = run_extract(target, config, out, rank, world)
+    click.echo(f"{out}: {summary}")
+
+
+@main.command()
+@click.option("--model", "model_spec", required=True)
+@click.option("--data", default="sharegpt", show_default=True, help="Prompts: 'sharegpt' or a dataset file/folder.")
+@click.option("--split", type=click.Choice(["train", "heldout"]), default="train", show_default=True)
+@click.option("--limit", type=int, default=None, help="Conversations to take from the split (default: all).")
+@click.option("--turns", default=1, show_default=True, help="User turns kept per conversation (0: all).")
+@click.option("--max-new-tokens", default=512, show_default=True, help="Tokens per answer.")
+@click.option("--max-prompt-tokens", default=1024, show_default=True,
+              help="A conversation ends before an answer whose prompt is longer.")
+@click.option("--method", default="pld", show_default=True,
+              help="Drafting method of the decoding loop (greedy output is the target's whatever the method).")
+@click.option("--head", "head_spec", default="default", show_default=True, help="EAGLE head, for --method eagle.")
+@click.option("--heldout-fraction", default=0.02, show_default=True)
+@click.option("--seed", default=0, show_default=True, help="Seed of the held-out split.")
+@click.option("--shard-size", default=64, show_default=True, help="Conversations per shard.")
+@click.option("--max-minutes", default=None, type=float, help="Stop after the shard that passes this; run again to resume.")
+@click.option("--out", required=True, type=click.Path(file_okay=False), help="Dataset folder (resumable).")
+@click.option("--threads", default=None, type=int)
+def regenerate(model_spec, data, split, limit, turns, max_new_tokens, max_prompt_tokens, method, head_spec,
+               heldout_fraction, seed, shard_size, max_minutes, out, threads) -> None:
+    """Answer training conversations with the target itself (self-distilled data; resumable)."""
+    import torch
+
+    from eaglespec.decoding.methods import method_name, parse_method
+    from eaglespec.heads.checkpoint import load_head
+    from eaglespec.models.load import load_target
+    from eaglespec.training.regenerate import RegenerateConfig
+    from eaglespec.training.regenerate import regenerate as run_regenerate
+
+    config = RegenerateConfig(model_spec, data, split, limit, turns, max_new_tokens, max_prompt_tokens, method,
+                              heldout_fraction, seed, shard_size)
+    name = method_name(method)
+    if name == "sps":
+        raise EaglespecError("regenerate drafts with vanilla, eagle or pld (no draft model here)")
+    if threads:
+        torch.set_num_threads(threads)
+    target = load_target(model_spec)
+    drafting = parse_method(method, load_head(head_spec, target) if name == "eagle" else None)
+    summary = run_regenerate(target, config, out, drafting, max_minutes)
     click.echo(f"{out}: {summary}")
 
 
@@ -219,6 +290,15 @@ def extract(model_spec, data, split, limit, max_len, heldout_fraction, seed, sha
 @click.option("--warmup-steps", default=100, show_default=True)
 @click.option("--batch", "batch_conversations", default=8, show_default=True, help="Conversations per step.")
 @click.option("--noise", default=0.1, show_default=True, help="U(-noise, noise) on input features.")
+@click.option("--loss", default="feature:1,ce:0.1", show_default=True,
+              help="Weighted loss terms name:weight: feature (EAGLE-1 regression), ce (soft cross-entropy), "
+                   "accept (-log sum min(p, q)), topk (HASS top-K distillation).")
+@click.option("--unroll", default=1, show_default=True,
+              help="Draft steps trained per position (training-time test; 1: EAGLE-1's training).")
+@click.option("--unroll-decay", default=0.8, show_default=True, help="Step i's loss weighs decay**i.")
+@click.option("--head-type", default="eagle1", show_default=True, type=click.Choice(["eagle1", "eagle3"]))
+@click.option("--aux-layers", default="", help="EAGLE-3's target layers, e.g. 2,15,27 (default: 2,N//2,N-3).")
+@click.option("--device", default="cpu", show_default=True, help="cpu or cuda.")
 @click.option("--draft-vocab", default=0, show_default=True, help="Reduced draft vocabulary size (0: full).")
 @click.option("--layers", "num_layers", default=1, show_default=True)
 @click.option("--input-variant", default="feature+shifted-token", show_default=True,
@@ -228,12 +308,16 @@ def extract(model_spec, data, split, limit, max_len, heldout_fraction, seed, sha
 @click.option("--eval-limit", default=None, type=int, help="Held-out conversations scored each epoch.")
 @click.option("--no-autocast", is_flag=True, help="Train in fp32 even where bf16 autocast is available.")
 @click.option("--seed", default=0, show_default=True)
+@click.option("--budget-minutes", default=None, type=float,
+              help="Train this long in all (wall time over every stretch): the lr decays linearly to 0 at the "
+                   "budget, then the run evaluates and ends (--epochs becomes an upper bound).")
 @click.option("--max-minutes", default=None, type=float, help="Stop after this long; run again to resume.")
 @click.option("--max-steps", default=None, type=int, help="Stop once this many steps are done; run again to resume.")
 @click.option("--threads", default=None, type=int)
 def train(model_spec, train_dir, heldout_dir, out, epochs, lr, beta1, beta2, weight_decay, grad_clip,
-          warmup_steps, batch_conversations, noise, draft_vocab, num_layers, input_variant, init,
-          checkpoint_every, eval_limit, no_autocast, seed, max_minutes, max_steps, threads) -> None:
+          warmup_steps, batch_conversations, noise, loss, unroll, unroll_decay, head_type, aux_layers, device,
+          draft_vocab, num_layers, input_variant, init, checkpoint_every, eval_limit, no_autocast, seed,
+          budget_minutes, max_minutes, max_steps, threads) -> None:
     """Train an EAGLE head on extracted features (resumes from OUT; runs unchanged under torchrun)."""
     import torch
 
@@ -245,10 +329,11 @@ def train(model_spec, train_dir, heldout_dir, out, epochs, lr, beta1, beta2, wei
     config = TrainConfig(
         model=model_spec, train_dir=str(train_dir), out=str(out), heldout_dir=heldout_dir and str(heldout_dir),
         epochs=epochs, lr=lr, betas=(beta1, beta2), weight_decay=weight_decay, grad_clip=grad_clip,
-        warmup_steps=warmup_steps, batch_conversations=batch_conversations, noise=noise,
+        warmup_steps=warmup_steps, batch_conversations=batch_conversations, noise=noise, loss=loss, unroll=unroll,
+        unroll_decay=unroll_decay, head_type=head_type, aux_layers=_aux_list(aux_layers), device=device,
         draft_vocab=draft_vocab, num_layers=num_layers, input_variant=input_variant, init=init,
         checkpoint_every=checkpoint_every, eval_limit=eval_limit, autocast=not no_autocast, seed=seed,
-        max_minutes=max_minutes, max_steps=max_steps,
+        budget_minutes=budget_minutes, max_minutes=max_minutes, max_steps=max_steps,
     )
     try:
         run_train(config, log=lambda m: click.echo(m, err=True))

@@ -32,6 +32,7 @@ def check_draft_model(target, draft) -> None:
 
 
 class DraftModelProposer:
+    reads: tuple[int, ...] = ()  # the target's final features (which it ignores)
     def __init__(self, draft: Decoder, num_tokens: int, params: SamplingParams, draws: Draws, capacity: int):
         if capacity + num_tokens > draft.config.max_position_embeddings:
             raise InvalidArgumentError(

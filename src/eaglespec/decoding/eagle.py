@@ -21,12 +21,12 @@ from eaglespec.decoding.sampling import SamplingParams, warp
 from eaglespec.decoding.tree import DraftTree, TreeShape
 from eaglespec.decoding.verify import Draws
 from eaglespec.errors import InvalidArgumentError
-from eaglespec.heads.head import EagleHead
+from eaglespec.heads.head import DraftHead
 from eaglespec.timing import Clock
 
 
 class EagleProposer:
-    def __init__(self, head: EagleHead, shape: TreeShape, params: SamplingParams, draws: Draws, capacity: int,
+    def __init__(self, head: DraftHead, shape: TreeShape, params: SamplingParams, draws: Draws, capacity: int,
                  verify_costs: list[float] | None = None):
         """`verify_costs` (the target's `Decoder.verify_costs()`) sizes the `auto` tree."""
         if head.input_variant != "feature+shifted-token":
@@ -35,6 +35,7 @@ class EagleProposer:
                 "feature+shifted-token head"
             )
         self.head, self.shape, self.params, self.draws = head, shape, params, draws
+        self.reads = head.reads
         entries = len(shape.paths) if shape.paths is not None else shape.topk * (shape.depth - 1)
         self.cache = head.new_cache(capacity + entries)
         self.device = head.weight_like.device
@@ -69,7 +70,7 @@ class EagleProposer:
         if self.pending is None:  # a one-token prompt: no feature known yet
             return DraftTree()
         features, tokens = self.pending
-        root_feature = self.head(features, tokens, self.cache)[0, -1]
+        root_feature = self.head(self.head.lift(features), tokens, self.cache)[0, -1]
         self.pending = None
         self.committed = self.cache.length
         self.expanded: dict[int, int] = {}  # node -> cache slot of its draft entry

@@ -81,9 +81,11 @@ def check_prompt(model: Decoder, prompt_ids: list[int]) -> None:
 class Proposer(Protocol):
     """Drafts a tree under each round's root. Gets the prompt and its features once (None for a
     one-token prompt), then after each round the accepted tokens and the target's features at
-    the positions before them."""
+    the positions before them: its final features, or with `reads` the hidden states entering
+    those target layers, concatenated (an EAGLE-3 head)."""
 
     shape: TreeShape
+    reads: tuple[int, ...]
 
     def start(self, prompt_ids: list[int], features: Tensor | None) -> None: ...
 
@@ -112,9 +114,10 @@ def decode(model: Decoder, prompt_ids: list[int], params: SamplingParams, max_ne
     cache = model.new_cache(capacity + (drafter.shape.max_nodes if drafter else 0))
     clock = Clock(device)
     prompt = torch.tensor([prompt_ids], device=device)
+    reads = drafter.reads if drafter else ()
     features = None  # a one-token prompt has nothing to prefill
     if len(prompt_ids) > 1:
-        _logits, features = model(prompt[:, :-1], cache, last_logits_only=True)
+        _logits, features = model(prompt[:, :-1], cache, last_logits_only=True, capture=reads)
     if drafter:
         drafter.start(prompt_ids, features)
     stats.prefill_s += clock.lap()
@@ -130,7 +133,7 @@ def decode(model: Decoder, prompt_ids: list[int], params: SamplingParams, max_ne
             tree = drafter.propose(depth).prune(cache.capacity - cache.length - 1, depth)
             stats.draft_s += clock.lap()
         tokens, mask, positions = tree.verify_inputs(root, cache.length, device)
-        logits, features = model(tokens, cache, positions, mask)
+        logits, features = model(tokens, cache, positions, mask, capture=reads)
         path, bonus = verify(tree, logits[0], params, draws)
         stats.target_forwards += 1
         stats.count_round(tree, path)

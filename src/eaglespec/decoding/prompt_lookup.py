@@ -16,6 +16,7 @@ from eaglespec.errors import InvalidArgumentError
 
 
 class PromptLookupProposer:
+    reads: tuple[int, ...] = ()  # the target's final features (which it ignores)
     def __init__(self, num_tokens: int = 10, max_ngram: int = 2):
         if num_tokens < 1 or max_ngram < 1:
             raise InvalidArgumentError(

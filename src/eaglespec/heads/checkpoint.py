@@ -1,6 +1,13 @@
-"""Head checkpoints: a folder with a Llama-style `config.json` and `model.safetensors` holding the
-official EAGLE-1/2 key names (fc.*, layers.N.self_attn.*, layers.N.mlp.*,
-layers.0.post_attention_layernorm.weight), plus `draft_vocab` when the vocabulary is reduced.
+"""Head checkpoints: a folder with `config.json` and `model.safetensors`, in the layouts the
+engines load.
+
+- EAGLE-1/2 (`LlamaForCausalLM`, the official release's keys): fc.*, layers.N.self_attn.*,
+  layers.N.mlp.*, layers.0.post_attention_layernorm.weight, plus `draft_vocab` when the
+  vocabulary is reduced.
+- EAGLE-3 (`LlamaForCausalLMEagle3`, as vLLM, SGLang and llama.cpp read it): fc.weight,
+  midlayer.{input_layernorm, hidden_norm, self_attn.*, post_attention_layernorm, mlp.*}, norm.weight,
+  lm_head.weight, d2t (draft id -> target id offset) and t2d (target ids in the draft vocabulary);
+  config.json gives `draft_vocab_size` and `eagle_aux_hidden_state_layer_ids`.
 """
 
 from __future__ import annotations
@@ -14,32 +21,39 @@ import torch
 from safetensors.torch import load_file, save_file
 
 from eaglespec.errors import EaglespecError, InvalidArgumentError
-from eaglespec.heads.head import EagleHead
+from eaglespec.heads.head import DraftHead, Eagle3Head, EagleHead, check_aux_layers
 from eaglespec.models.load import Target, from_hf_state_dict, to_hf_state_dict
 
 SHIPPED = Path(__file__).resolve().parents[3] / "heads"  # heads/ at the repository root
+ARCHITECTURES = {"eagle1": "LlamaForCausalLM", "eagle3": "LlamaForCausalLMEagle3"}
 
 
 class HeadMismatchError(EaglespecError):
     pass
 
 
-def save_head(head: EagleHead, folder: Path, target_name: str, info: dict | None = None) -> None:
+def save_head(head: DraftHead, folder: Path, target_name: str, info: dict | None = None) -> None:
     """Write the head in bf16, atomically (a temporary folder renamed into place)."""
     c = head.config
     config = {
-        "architectures": ["LlamaForCausalLM"], "model_type": c.family, "hidden_size": c.hidden_size,
+        "architectures": [ARCHITECTURES[head.head_type]], "model_type": c.family, "hidden_size": c.hidden_size,
         "intermediate_size": c.intermediate_size, "num_attention_heads": c.num_heads,
         "num_key_value_heads": c.num_kv_heads, "head_dim": c.head_dim, "num_hidden_layers": len(head.layers),
         "rms_norm_eps": c.rms_norm_eps, "rope_theta": c.rope_theta,
-        "max_position_embeddings": c.max_position_embeddings, "vocab_size": c.vocab_size, "bias": True,
+        "max_position_embeddings": c.max_position_embeddings, "vocab_size": c.vocab_size,
         "hidden_act": "silu", "tie_word_embeddings": False, "torch_dtype": "bfloat16",
-        "eaglespec": {"target": target_name, "input_variant": head.input_variant,
-                      "draft_vocab_size": head.vocab_size, **(info or {})},
     }
-    tensors = {k: v.to(torch.bfloat16) for k, v in to_hf_state_dict(head.state_dict(), c).items()}
-    if head.draft_vocab is not None:
-        tensors["draft_vocab"] = head.draft_vocab.cpu().to(torch.int64)
+    tensors = {k: v.detach().to("cpu", torch.bfloat16) for k, v in to_hf_state_dict(head.state_dict(), c).items()}
+    if head.head_type == "eagle3":
+        tensors = {k.replace("layers.0.", "midlayer."): v for k, v in tensors.items()}
+        tensors["d2t"], tensors["t2d"] = head.d2t.cpu(), head.t2d.cpu()
+        config |= {"draft_vocab_size": head.vocab_size, "eagle_aux_hidden_state_layer_ids": list(head.reads)}
+    else:
+        config["bias"] = True
+        if head.draft_vocab is not None:
+            tensors["draft_vocab"] = head.draft_vocab.cpu().to(torch.int64)
+    config["eaglespec"] = {"target": target_name, "head_type": head.head_type, "input_variant": head.input_variant,
+                           "draft_vocab_size": head.vocab_size, **(info or {})}
     folder = Path(folder)
     tmp = folder.parent / f".{folder.name}.tmp{os.getpid()}"
     shutil.rmtree(tmp, ignore_errors=True)
@@ -70,7 +84,24 @@ def resolve_head(spec: str, target_name: str) -> Path:
     return folder
 
 
-def load_head(spec: str, target: Target) -> EagleHead:
+def head_type_of(config: dict) -> str:
+    """eagle1 or eagle3, from a head's config.json."""
+    return "eagle3" if "LlamaForCausalLMEagle3" in config.get("architectures", []) else "eagle1"
+
+
+def _draft_vocab_of_eagle3(tensors: dict, folder: Path, vocab_size: int) -> torch.Tensor:
+    d2t = tensors.pop("d2t", None)
+    t2d = tensors.pop("t2d", None)
+    if d2t is None:
+        raise HeadMismatchError(f"the EAGLE-3 head at {folder} has no d2t table")
+    draft_vocab = torch.arange(len(d2t)) + d2t.long()
+    if int(draft_vocab.min()) < 0 or int(draft_vocab.max()) >= vocab_size or \
+            (t2d is not None and int(t2d.sum()) != len(d2t)):
+        raise HeadMismatchError(f"the EAGLE-3 head at {folder} has a d2t table that does not fit this target's vocabulary")
+    return draft_vocab
+
+
+def load_head(spec: str, target: Target) -> DraftHead:
     """Load a head for `target` for inference (frozen, packed weights where exact), refusing one
     trained for another model."""
     folder = resolve_head(spec, target.name)
@@ -84,16 +115,31 @@ def load_head(spec: str, target: Target) -> EagleHead:
             f"but {target.name} is {theirs[0]} with {theirs[1]} and {theirs[2]}: use a head trained for this target"
         )
     extra = config.get("eaglespec", {})
-    head = EagleHead(c, config.get("num_hidden_layers", 1), extra.get("input_variant", "feature+shifted-token"))
     tensors = load_file(str(folder / "model.safetensors"))
-    draft_vocab = tensors.pop("draft_vocab", None)
     tensors.pop("embed_tokens.weight", None)  # official EAGLE-1 files carry a copy of the target's embedding
+    kind = head_type_of(config)
+    if kind == "eagle3":
+        aux = tuple(config.get("eagle_aux_hidden_state_layer_ids") or ())
+        try:
+            check_aux_layers(aux, c.num_layers)
+        except InvalidArgumentError as err:
+            raise HeadMismatchError(f"the EAGLE-3 head at {folder} does not fit {target.name}: {err}") from None
+        draft_vocab = _draft_vocab_of_eagle3(tensors, folder, c.vocab_size)
+        head: DraftHead = Eagle3Head(c, aux, len(draft_vocab))
+        tensors = {k.replace("midlayer.", "layers.0."): v for k, v in tensors.items()}
+    else:
+        head = EagleHead(c, config.get("num_hidden_layers", 1), extra.get("input_variant", "feature+shifted-token"))
+        draft_vocab = tensors.pop("draft_vocab", None)
     dtype = target.model.weight_like.dtype
-    missing, unexpected = head.load_state_dict(from_hf_state_dict(tensors, dtype), strict=False)
+    try:
+        missing, unexpected = head.load_state_dict(from_hf_state_dict(tensors, dtype), strict=False)
+    except RuntimeError:  # a tensor of another shape
+        missing, unexpected = ["(shapes differ)"], []
     if missing or unexpected:
         raise HeadMismatchError(
             f"the head at {folder} does not have the expected weights (missing {missing[:3]}, "
-            f"unexpected {unexpected[:3]}): it is not an EAGLE-1/2 head for this target"
+            f"unexpected {unexpected[:3]}): it is not an {'EAGLE-3' if kind == 'eagle3' else 'EAGLE-1/2'} head "
+            "for this target"
         )
     head = head.to(target.model.weight_like.device, dtype).eval().requires_grad_(False)
     head.attach(target.model, draft_vocab)

@@ -1,9 +1,23 @@
-"""The EAGLE draft head: fc(concat(embed(t[j+1]), f[j])) -> decoder layer(s) of the target's
-family (the first without its input norm, no final norm) -> the target's frozen LM head.
+"""Draft heads: EAGLE-1 and EAGLE-3.
 
-Only `fc` and `layers` are trained and saved. The frozen embedding and LM head are the target's
-own tensors, shared, never copied into the checkpoint. With a reduced draft vocabulary the head
-proposes only from `draft_vocab` (target ids), through the matching rows of the LM head.
+Both read, at committed position j, what the target computed there (`reads`: EAGLE-1 its final
+feature f[j], EAGLE-3 the hidden states entering three of its layers) together with the token
+t[j+1], and predict a hidden state from which the next token is drafted. `lift` maps what the
+target gives into the head's hidden space; a draft step reads its parent's predicted hidden
+state instead. So drafting, training and evaluation run the same `unroll`.
+
+EAGLE-1 (`EagleHead`): fc(concat(embed(t[j+1]), f[j])) -> decoder layer(s) of the target's
+family (the first without its input norm, no final norm) -> the target's frozen LM head. Only
+`fc` and `layers` are trained; the predicted hidden state is a predicted target feature.
+
+EAGLE-3 (`Eagle3Head`): h = fc(concat(low, mid, high)) (3H -> H, no bias); one decoder layer
+whose attention reads concat(input_norm(embed(t[j+1])), hidden_norm(h)) (q/k/v take 2H) with
+the residual on h; its output, after a final `norm`, goes through the head's own LM head over
+the draft vocabulary. Everything but the embedding is trained.
+
+The frozen embedding (and EAGLE-1's LM head) are the target's own tensors, shared, never copied
+into the checkpoint. With a reduced draft vocabulary a head proposes only from `draft_vocab`
+(target ids).
 """
 
 from __future__ import annotations
@@ -14,13 +28,97 @@ from torch import Tensor, nn
 
 from eaglespec.errors import InvalidArgumentError
 from eaglespec.models.config import ModelConfig
-from eaglespec.models.decoder import Decoder, KVCache, Linear, Stack
+from eaglespec.models.decoder import MLP, Attention, Decoder, KVCache, Layer, Linear, RMSNorm, Stack
 
-# What the head reads at position j (paper Fig. 8): feature f[j] and/or a token embedding.
+# What an EAGLE-1 head reads at position j (paper Fig. 8): feature f[j] and/or a token embedding.
 INPUT_VARIANTS = ("feature+shifted-token", "feature+unshifted-token", "feature", "token")
+HEAD_TYPES = ("eagle1", "eagle3")
 
 
-class EagleHead(Stack):
+def default_aux_layers(num_layers: int) -> tuple[int, int, int]:
+    """EAGLE-3's low / middle / high layers as vLLM picks them: the hidden states entering layers
+    2, N // 2 and N - 3 (vLLM's `eagle_aux_hidden_state_layer_ids`)."""
+    return 2, num_layers // 2, num_layers - 3
+
+
+def check_aux_layers(aux_layers: tuple[int, ...], num_layers: int) -> None:
+    if len(aux_layers) != 3 or any(not 0 <= i < num_layers for i in aux_layers) or sorted(set(aux_layers)) != list(aux_layers):
+        raise InvalidArgumentError(
+            f"an EAGLE-3 head reads three target layers, low to high, with indices in 0..{num_layers - 1} "
+            f"(the hidden states entering them); got {list(aux_layers)}"
+        )
+
+
+class DraftHead(Stack):
+    """What both head types share: the frozen target tensors, the draft vocabulary, the unrolled
+    chain forward that drafting, training and evaluation run."""
+
+    head_type = ""
+    reads: tuple[int, ...] = ()  # target layers whose input hidden states the head reads; (): f
+    input_variant = "feature+shifted-token"
+
+    def __init__(self, config: ModelConfig, num_layers: int, layer: type[nn.Module] = Layer):
+        super().__init__(config, num_layers, layer)
+        self.draft_vocab: Tensor | None = None  # [N] target ids, None for the full vocabulary
+        self.embed_weight: Tensor | None = None  # frozen, the target's
+        self.target_lm: Tensor | None = None  # frozen: the target's LM head rows of the draft vocabulary
+
+    def attach(self, target: Decoder, draft_vocab: Tensor | None = None) -> DraftHead:
+        """Share the target's frozen embedding and LM head (sliced to the draft vocabulary)."""
+        self.embed_weight = target.embed.weight.detach()
+        lm = target.lm_head.weight.detach()
+        self.draft_vocab = None if draft_vocab is None else draft_vocab.to(lm.device, torch.long)
+        self.target_lm = lm if draft_vocab is None else lm[self.draft_vocab].contiguous()
+        return self
+
+    @property
+    def vocab_size(self) -> int:
+        return self.target_lm.shape[0]
+
+    def to_target(self, draft_ids: Tensor) -> Tensor:
+        return draft_ids if self.draft_vocab is None else self.draft_vocab[draft_ids]
+
+    def target_logits(self, features: Tensor) -> Tensor:
+        """The target's logits over the draft vocabulary [..., N] from its final features [..., H]."""
+        return F.linear(features, self.target_lm.to(features.dtype))
+
+    def embed(self, tokens: Tensor, dtype: torch.dtype) -> Tensor:
+        return F.embedding(tokens, self.embed_weight).to(dtype)
+
+    def lift(self, target_outputs: Tensor) -> Tensor:
+        """What the target gives at committed positions [..., F] -> the head's hidden space [..., H]."""
+        return target_outputs
+
+    def unroll(self, target_outputs: Tensor, tokens: Tensor, depth: int, cache: KVCache) -> list[Tensor]:
+        """Chains drafted from every position j at once, as chain drafting runs them.
+
+        target_outputs [L, F]: what the target gives at positions 0..L-1 (`reads`); tokens [L]:
+        the token each position reads beside it (t[j+1]). Step 0 predicts from the true inputs;
+        step k reads the hidden state its chain predicted at step k-1 and the true token
+        t[j+k+1], at position j+k, attending to the true entries up to j and its chain's own
+        earlier steps. Returns per step k = 0..depth the predicted hidden states [L - k, H] of the
+        chains j = 0..L-1-k (fewer steps when L is short). `cache` must hold sum(L - k) entries.
+        """
+        L = len(tokens)
+        steps = [self(self.lift(target_outputs)[None], tokens[None], cache)[0]]
+        bases = []
+        for k in range(1, depth + 1):
+            n = L - k
+            if n <= 0:
+                break
+            bases.append(cache.length)
+            j = torch.arange(n, device=tokens.device)
+            mask = torch.zeros(n, cache.length + n, dtype=torch.bool, device=tokens.device)
+            mask[:, :L] = torch.arange(L, device=tokens.device)[None, :] <= j[:, None]  # true entries up to j
+            for base in bases:
+                mask[j, base + j] = True  # the chain's own earlier steps, and itself
+            steps.append(self(steps[-1][None, :n], tokens[None, k:k + n], cache, positions=(j + k)[None], mask=mask)[0])
+        return steps
+
+
+class EagleHead(DraftHead):
+    head_type = "eagle1"
+
     def __init__(self, config: ModelConfig, num_layers: int = 1,
                  input_variant: str = "feature+shifted-token"):
         if input_variant not in INPUT_VARIANTS:
@@ -29,17 +127,10 @@ class EagleHead(Stack):
         self.input_variant = input_variant
         self.fc = Linear(2 * config.hidden_size, config.hidden_size, bias=True)
         self.layers[0].input_norm = nn.Identity()
-        self.draft_vocab: Tensor | None = None  # [N] target ids, None for the full vocabulary
-        self.embed_weight: Tensor | None = None  # frozen, the target's
-        self.lm_weight: Tensor | None = None  # frozen: the target's LM head rows of the draft vocabulary
-        self.lm_packed: Tensor | None = None  # lm_weight pre-packed for oneDNN (see `Linear`)
+        self.lm_packed: Tensor | None = None  # target_lm pre-packed for oneDNN (see `Linear`)
 
     def attach(self, target: Decoder, draft_vocab: Tensor | None = None) -> EagleHead:
-        """Share the target's frozen embedding and LM head (sliced to the draft vocabulary)."""
-        self.embed_weight = target.embed.weight.detach()
-        lm = target.lm_head.weight.detach()
-        self.draft_vocab = None if draft_vocab is None else draft_vocab.to(lm.device, torch.long)
-        self.lm_weight = lm if draft_vocab is None else lm[self.draft_vocab].contiguous()
+        super().attach(target, draft_vocab)
         self.lm_packed = None
         return self
 
@@ -47,19 +138,15 @@ class EagleHead(Stack):
         """Pre-pack the layers' and the sliced LM head's weights where exact (bf16 on CPU)."""
         if not super().pack_weights():
             return False
-        self.lm_packed = torch.ops.mkldnn._reorder_linear_weight(self.lm_weight, 1)
+        self.lm_packed = torch.ops.mkldnn._reorder_linear_weight(self.target_lm, 1)
         return True
-
-    @property
-    def vocab_size(self) -> int:
-        return self.lm_weight.shape[0]
 
     def inputs(self, features: Tensor, tokens: Tensor) -> Tensor:
         """fc input [B, T, 2H] = concat(embedding, feature), parts zeroed by the input variant.
 
         `tokens` are the ones the variant reads: t[j+1] for the shifted variants, t[j] for unshifted.
         """
-        embedded = F.embedding(tokens, self.embed_weight).to(features.dtype)
+        embedded = self.embed(tokens, features.dtype)
         if self.input_variant == "feature":
             embedded = torch.zeros_like(embedded)
         elif self.input_variant == "token":
@@ -69,16 +156,13 @@ class EagleHead(Stack):
     def forward(self, features: Tensor, tokens: Tensor, cache: KVCache, positions: Tensor | None = None,
                 mask: Tensor | None = None) -> Tensor:
         """Predicted next features [B, T, H] from features [B, T, H] and tokens [B, T] (see `inputs`)."""
-        return self.run_layers(self.fc(self.inputs(features, tokens)), cache, positions, mask)
+        return self.run_layers(self.fc(self.inputs(features, tokens)), cache, positions, mask)[0]
 
     def logits(self, features: Tensor) -> Tensor:
         """Draft logits over the draft vocabulary [..., N] (index with `to_target` for target ids)."""
-        if self.lm_packed is not None and features.dtype == self.lm_weight.dtype:
+        if self.lm_packed is not None and features.dtype == self.target_lm.dtype:
             return torch.ops.mkldnn._linear_pointwise(features, self.lm_packed, None, "none", [], "")
-        return F.linear(features, self.lm_weight.to(features.dtype))
-
-    def to_target(self, draft_ids: Tensor) -> Tensor:
-        return draft_ids if self.draft_vocab is None else self.draft_vocab[draft_ids]
+        return self.target_logits(features)
 
     def init_from_target(self, target: Decoder) -> None:
         """Start near "repeat the last layer": fc passes the feature through, and the layer is a
@@ -92,3 +176,93 @@ class EagleHead(Stack):
             for layer in self.layers:
                 own = layer.state_dict()
                 layer.load_state_dict({k: source[k].to(v.dtype) for k, v in own.items()}, strict=True)
+
+
+class Eagle3Layer(nn.Module):
+    """EAGLE-3's decoder layer: input x = concat(embedding, hidden) [B, T, 2H]; attention reads
+    both normalized, the residual stream is the hidden part."""
+
+    def __init__(self, c: ModelConfig):
+        super().__init__()
+        self.input_norm = RMSNorm(c.hidden_size, c.rms_norm_eps)
+        self.hidden_norm = RMSNorm(c.hidden_size, c.rms_norm_eps)
+        self.attn = Attention(c, in_features=2 * c.hidden_size)
+        self.post_attn_norm = RMSNorm(c.hidden_size, c.rms_norm_eps)
+        self.mlp = MLP(c)
+
+    def forward(self, x: Tensor, cos: Tensor, sin: Tensor, k_cache: Tensor, v_cache: Tensor,
+                start: int, mask: Tensor | None) -> Tensor:
+        embedded, hidden = x.chunk(2, dim=-1)
+        both = torch.cat((self.input_norm(embedded), self.hidden_norm(hidden)), dim=-1)
+        hidden = hidden + self.attn(both, cos, sin, k_cache, v_cache, start, mask)
+        return hidden + self.mlp(self.post_attn_norm(hidden))
+
+
+class Eagle3Head(DraftHead):
+    head_type = "eagle3"
+
+    def __init__(self, config: ModelConfig, aux_layers: tuple[int, ...], draft_vocab_size: int):
+        check_aux_layers(tuple(aux_layers), config.num_layers)
+        super().__init__(config, 1, Eagle3Layer)
+        self.reads = tuple(aux_layers)
+        h = config.hidden_size
+        self.fc = Linear(3 * h, h, bias=False)
+        self.norm = RMSNorm(h, config.rms_norm_eps)
+        self.lm_head = Linear(h, draft_vocab_size, bias=False)
+
+    def attach(self, target: Decoder, draft_vocab: Tensor | None = None) -> Eagle3Head:
+        super().attach(target, draft_vocab)
+        if self.target_lm.shape[0] != self.lm_head.weight.shape[0]:
+            raise InvalidArgumentError(
+                f"this EAGLE-3 head drafts over {self.lm_head.weight.shape[0]} tokens but its draft "
+                f"vocabulary has {self.target_lm.shape[0]}"
+            )
+        return self
+
+    def init_from_target(self, target: Decoder) -> None:
+        """Its LM head starts as the target's rows of the draft vocabulary, its norm as the target's."""
+        with torch.no_grad():
+            self.lm_head.weight.copy_(self.target_lm)
+            self.norm.weight.copy_(target.norm.weight)
+
+    def lift(self, target_outputs: Tensor) -> Tensor:
+        return self.fc(target_outputs)
+
+    def forward(self, hidden: Tensor, tokens: Tensor, cache: KVCache, positions: Tensor | None = None,
+                mask: Tensor | None = None) -> Tensor:
+        """Predicted hidden states [B, T, H] from hidden states [B, T, H] and tokens [B, T]."""
+        x = torch.cat((self.embed(tokens, hidden.dtype), hidden), dim=-1)
+        return self.run_layers(x, cache, positions, mask)[0]
+
+    def logits(self, hidden: Tensor) -> Tensor:
+        return self.lm_head(self.norm(hidden))
+
+    @property
+    def d2t(self) -> Tensor:
+        """EAGLE-3's draft -> target table: target id = draft id + d2t[draft id]."""
+        n = self.vocab_size
+        ids = torch.arange(n, device=self.target_lm.device)
+        return (self.to_target(ids) - ids).to(torch.int64)
+
+    @property
+    def t2d(self) -> Tensor:
+        """EAGLE-3's target -> draft membership: bool [target vocabulary]."""
+        member = torch.zeros(self.config.vocab_size, dtype=torch.bool, device=self.target_lm.device)
+        member[self.to_target(torch.arange(self.vocab_size, device=member.device))] = True
+        return member
+
+
+def make_head(config: ModelConfig, head_type: str = "eagle1", *, num_layers: int = 1,
+              input_variant: str = "feature+shifted-token", aux_layers: tuple[int, ...] | None = None,
+              draft_vocab_size: int | None = None) -> DraftHead:
+    """A fresh head of a type (`eagle1` or `eagle3`), checking the options that type takes."""
+    if head_type == "eagle1":
+        if aux_layers:
+            raise InvalidArgumentError("aux layers are for EAGLE-3 heads; an EAGLE-1 head reads the final feature")
+        return EagleHead(config, num_layers, input_variant)
+    if head_type == "eagle3":
+        if num_layers != 1 or input_variant != "feature+shifted-token":
+            raise InvalidArgumentError("an EAGLE-3 head has one decoder layer and reads features + shifted tokens")
+        return Eagle3Head(config, aux_layers or default_aux_layers(config.num_layers),
+                          draft_vocab_size or config.vocab_size)
+    raise InvalidArgumentError(f"unknown head type '{head_type}': use {' or '.join(HEAD_TYPES)}")

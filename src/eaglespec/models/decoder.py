@@ -94,12 +94,13 @@ def rotate(x: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
 
 
 class Attention(nn.Module):
-    def __init__(self, c: ModelConfig):
+    def __init__(self, c: ModelConfig, in_features: int | None = None):
+        """`in_features`: the width q/k/v read (default the hidden size; EAGLE-3's layer reads 2x)."""
         super().__init__()
         self.heads, self.kv_heads, self.head_dim = c.num_heads, c.num_kv_heads, c.head_dim
         q_size, kv_size = c.num_heads * c.head_dim, c.num_kv_heads * c.head_dim
         self.split = (q_size, kv_size, kv_size)
-        self.qkv = Linear(c.hidden_size, q_size + 2 * kv_size, bias=c.qkv_bias)
+        self.qkv = Linear(in_features or c.hidden_size, q_size + 2 * kv_size, bias=c.qkv_bias)
         self.o = Linear(q_size, c.hidden_size, bias=False)
 
     def forward(self, x: Tensor, cos: Tensor, sin: Tensor, k_cache: Tensor, v_cache: Tensor,
@@ -116,6 +117,11 @@ class Attention(nn.Module):
             # The same numbers as the cache's, but not a view of it: the next layer's write to the
             # shared cache tensor would invalidate such a view for autograd (training >1 layer).
             keys, values = k.to(k_cache.dtype), v.to(v_cache.dtype)
+        elif k.requires_grad:
+            # Training a head unrolled over its own steps: the same numbers again, as fresh tensors
+            # (autograd saves them; a later step's cache write would invalidate a view).
+            keys = torch.cat((k_cache[:, :, :start], k.to(k_cache.dtype)), dim=2)
+            values = torch.cat((v_cache[:, :, :start], v.to(v_cache.dtype)), dim=2)
         else:
             keys, values = k_cache[:, :, :end], v_cache[:, :, :end]
         if mask is None and T > 1:  # prefill of an empty cache
@@ -160,10 +166,10 @@ class Layer(nn.Module):
 class Stack(nn.Module):
     """Decoder layers over a KV cache: what the target model and the EAGLE head share."""
 
-    def __init__(self, config: ModelConfig, num_layers: int):
+    def __init__(self, config: ModelConfig, num_layers: int, layer: type[nn.Module] = Layer):
         super().__init__()
         self.config = config
-        self.layers = nn.ModuleList(Layer(config) for _ in range(num_layers))
+        self.layers = nn.ModuleList(layer(config) for _ in range(num_layers))
         self._rope_table: tuple[Tensor, Tensor] | None = None
 
     @property
@@ -200,8 +206,11 @@ class Stack(nn.Module):
             self._rope_table = (emb.cos().to(weight.dtype), emb.sin().to(weight.dtype))
         return self._rope_table
 
-    def run_layers(self, x: Tensor, cache: KVCache, positions: Tensor | None, mask: Tensor | None) -> Tensor:
-        """Run hidden states x [B, T, H] of T new tokens through the layers, appending them to the cache.
+    def run_layers(self, x: Tensor, cache: KVCache, positions: Tensor | None, mask: Tensor | None,
+                   capture: tuple[int, ...] = ()) -> tuple[Tensor, list[Tensor]]:
+        """Run hidden states x [B, T, H] of T new tokens through the layers, appending them to the
+        cache. Returns the output and the hidden states entering the layers whose indices are in
+        `capture` (index len(layers): the last layer's output), in index order.
 
         positions: [B, T] (default: `cache.length + arange(T)`).
         mask: bool [T, S] or [B, T, S] with S = cache.length + T, True where a new token may
@@ -225,10 +234,15 @@ class Stack(nn.Module):
                 mask = mask.unsqueeze(1)  # [B, 1, T, S]
             groups = self.config.num_heads // self.config.num_kv_heads
             mask = mask.repeat(*([1] * (mask.dim() - 2)), groups, 1)  # rows (group, t), as in Attention
+        captured = []
         for i, layer in enumerate(self.layers):
+            if i in capture:
+                captured.append(x)
             x = layer(x, cos, sin, cache.k[i], cache.v[i], start, mask)
+        if len(self.layers) in capture:
+            captured.append(x)
         cache.length, cache.written = start + T, T
-        return x
+        return x, captured
 
     def _windowed(self, mask: Tensor | None, positions: Tensor, start: int, T: int) -> Tensor:
         """Add the sliding-window limit to a mask (Mistral): a key sits at most window-1 behind."""
@@ -258,13 +272,17 @@ class Decoder(Stack):
             self.lm_head.weight = self.embed.weight
 
     def forward(self, tokens: Tensor, cache: KVCache, positions: Tensor | None = None,
-                mask: Tensor | None = None, last_logits_only: bool = False) -> tuple[Tensor, Tensor]:
+                mask: Tensor | None = None, last_logits_only: bool = False,
+                capture: tuple[int, ...] = ()) -> tuple[Tensor, Tensor]:
         """Run T new tokens [B, T] against the cache and append them to it (positions and mask as
         in `Stack.run_layers`). Returns logits [B, T, V] (or [B, 1, V] with `last_logits_only`)
-        and features [B, T, H], the hidden states after the final norm."""
-        features = self.norm(self.run_layers(self.embed(tokens), cache, positions, mask))
+        and features [B, T, H], the hidden states after the final norm; with `capture` (layer
+        indices, as in `run_layers`) the features are instead the hidden states entering those
+        layers, concatenated [B, T, len(capture) * H] (what an EAGLE-3 head reads)."""
+        hidden, captured = self.run_layers(self.embed(tokens), cache, positions, mask, capture)
+        features = self.norm(hidden)
         logits = self.lm_head(features[:, -1:] if last_logits_only else features)
-        return logits, features
+        return logits, torch.cat(captured, dim=-1) if capture else features
 
     @torch.inference_mode()
     def verify_costs(self) -> list[float]:

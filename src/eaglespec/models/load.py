@@ -54,6 +54,7 @@ _RENAMES = [
     (r"(?:model\.)?norm\.", "norm."),
     (r"(?:model\.)?layers\.(\d+)\.input_layernorm\.", r"layers.\1.input_norm."),
     (r"(?:model\.)?layers\.(\d+)\.post_attention_layernorm\.", r"layers.\1.post_attn_norm."),
+    (r"layers\.(\d+)\.hidden_norm\.", r"layers.\1.hidden_norm."),  # EAGLE-3's layer
     (r"(?:model\.)?layers\.(\d+)\.self_attn\.o_proj\.", r"layers.\1.attn.o."),
     (r"(?:model\.)?layers\.(\d+)\.mlp\.down_proj\.", r"layers.\1.mlp.down."),
     (r"lm_head\.", "lm_head."),

@@ -4,6 +4,7 @@ target's own chat template, with a loss mask over assistant tokens and a fixed h
 
 from __future__ import annotations
 
+import gzip
 import hashlib
 import json
 from collections.abc import Iterator
@@ -96,7 +97,9 @@ def read_sharegpt(path: Path, report: ReadReport) -> Iterator[Conversation]:
 
 
 def read_jsonl(path: Path, report: ReadReport) -> Iterator[Conversation]:
-    with open(path, encoding="utf-8") as f:
+    """JSON Lines, plain or gzip'd (`.jsonl.gz`)."""
+    opener = gzip.open if path.name.endswith(".gz") else open
+    with opener(path, "rt", encoding="utf-8") as f:
         for number, line in enumerate(f, start=1):
             if not line.strip():
                 continue
@@ -129,14 +132,25 @@ def read_conversations(source: str, report: ReadReport) -> Iterator[Conversation
         path, reader = fetch_dataset(DATASETS["sharegpt"]), read_sharegpt
     else:
         path = Path(source)
-        readers = {".json": read_sharegpt, ".jsonl": read_jsonl, ".txt": read_text}
-        if not path.is_file() or path.suffix not in readers:
+        if path.is_dir():  # a folder of JSONL shards, e.g. from `eaglespec regenerate`
+            parts = sorted([*path.glob("part-*.jsonl"), *path.glob("part-*.jsonl.gz")])
+            if not parts:
+                raise InvalidArgumentError(f"no part-*.jsonl(.gz) shards in the folder '{source}'")
+            for part in parts:
+                yield from _with_assistant(read_jsonl(part, report), report)
+            return
+        readers = {".json": read_sharegpt, ".jsonl": read_jsonl, ".gz": read_jsonl, ".txt": read_text}
+        if not path.is_file() or path.suffix not in readers or (path.suffix == ".gz" and not path.name.endswith(".jsonl.gz")):
             raise InvalidArgumentError(
-                f"no dataset at '{source}': use 'sharegpt' or a .json (ShareGPT array), .jsonl "
-                "(conversations/messages/text per line) or .txt file"
+                f"no dataset at '{source}': use 'sharegpt', a .json (ShareGPT array), .jsonl or .jsonl.gz "
+                "(conversations/messages/text per line) or .txt file, or a folder of part-*.jsonl(.gz) shards"
             )
         reader = readers[path.suffix]
-    for conversation in reader(path, report):
+    yield from _with_assistant(reader(path, report), report)
+
+
+def _with_assistant(conversations: Iterator[Conversation], report: ReadReport) -> Iterator[Conversation]:
+    for conversation in conversations:
         if conversation.has_assistant:
             yield conversation
         else:

@@ -12,55 +12,54 @@ import json
 
 import torch
 
-from eaglespec.heads.head import EagleHead
+from eaglespec.errors import InvalidArgumentError
+from eaglespec.heads.head import DraftHead
 
 
-def head_tokens(head: EagleHead, tokens: torch.Tensor) -> torch.Tensor:
+def head_tokens(head: DraftHead, tokens: torch.Tensor) -> torch.Tensor:
     """The token the head reads beside f[j]: t[j+1] (shifted variants) or t[j]. Length T - 1."""
     return tokens[:-1] if head.input_variant == "feature+unshifted-token" else tokens[1:]
 
 
-@torch.no_grad()
-def chain_predictions(head: EagleHead, sample: dict[str, torch.Tensor], depth: int = 4,
+def head_inputs(head: DraftHead, sample: dict[str, torch.Tensor]) -> torch.Tensor:
+    """What the target gave at positions 0..T-2 that the head reads [T - 1, F] (see `DraftHead.reads`)."""
+    if head.reads:
+        if "aux_features" not in sample or sample["aux_features"].shape[-1] != 3 * head.config.hidden_size:
+            raise InvalidArgumentError(
+                "this EAGLE-3 head needs features extracted with its aux layers: "
+                "run `eaglespec extract --aux-layers ...` with the layers in its config"
+            )
+        return sample["aux_features"][:-1]
+    return sample["features"][:-1]
+
+
+def chain_predictions(head: DraftHead, sample: dict[str, torch.Tensor], depth: int = 4,
                       dtype: torch.dtype | None = None) -> list[torch.Tensor]:
-    """Per step k = 0..depth: the features [L - k, H] predicted by the chains j = 0..L-1-k (L = T - 1)."""
+    """Per step k = 0..depth: the hidden states [L - k, H] predicted by the chains j = 0..L-1-k
+    (L = T - 1), from one conversation's stored features (`DraftHead.unroll`)."""
     dtype = dtype or head.weight_like.dtype
-    tokens = sample["tokens"].long()
-    feats = sample["features"].to(dtype)
-    L = len(tokens) - 1
-    inputs = head_tokens(head, tokens)
+    device = head.weight_like.device
+    tokens = head_tokens(head, sample["tokens"].long()).to(device)
+    L = len(tokens)
     cache = head.new_cache(sum(max(L - k, 0) for k in range(depth + 1)), dtype=dtype)
-    steps = [head(feats[None, :-1], inputs[None], cache)[0]]
-    bases = []
-    for k in range(1, depth + 1):
-        n = L - k
-        if n <= 0:
-            break
-        bases.append(cache.length)
-        j = torch.arange(n)
-        mask = torch.zeros(n, cache.length + n, dtype=torch.bool)
-        mask[:, :L] = torch.arange(L)[None, :] <= j[:, None]  # true features up to j
-        for base in bases:
-            mask[j, base + j] = True  # the chain's own earlier steps, and itself
-        steps.append(head(steps[-1][None, :n], inputs[None, k:k + n], cache, positions=(j + k)[None], mask=mask)[0])
-    return steps
+    return head.unroll(head_inputs(head, sample).to(device, dtype), tokens, depth, cache)
 
 
-def chain_agreement(head: EagleHead, sample: dict[str, torch.Tensor], depth: int = 4) -> tuple[list[int], list[int]]:
+def chain_agreement(head: DraftHead, sample: dict[str, torch.Tensor], depth: int = 4) -> tuple[list[int], list[int]]:
     """Per n = 0..depth: (top-1 agreements, positions scored) on one conversation's features."""
     valid = sample["loss_mask"].bool()
     argmax = sample["target_argmax"].long()
     correct, counts = [0] * (depth + 1), [0] * (depth + 1)
     for k, predicted in enumerate(chain_predictions(head, sample, depth)):
         n = len(predicted)
-        draft = head.to_target(head.logits(predicted).argmax(-1))
+        draft = head.to_target(head.logits(predicted).argmax(-1)).cpu()
         scored = valid[k + 1:k + 1 + n]
         correct[k] = int(((draft == argmax[k + 1:k + 1 + n]) & scored).sum())
         counts[k] = int(scored.sum())
     return correct, counts
 
 
-def evaluate(head: EagleHead, samples, depth: int = 4) -> dict:
+def evaluate(head: DraftHead, samples, depth: int = 4) -> dict:
     """alpha: [0-alpha, ..., depth-alpha] over all samples, and the number of tokens scored."""
     correct, counts = [0] * (depth + 1), [0] * (depth + 1)
     for sample in samples:
@@ -91,7 +90,7 @@ def held_out_alpha(model: str, head_spec: str, limit: int, depth: int = 4, dtype
     def samples():
         for conversation in conversations:
             ids, mask = render(target.tokenizer, conversation, config.max_len)
-            yield {"tokens": torch.tensor(ids), "loss_mask": torch.tensor(mask), **target_outputs(target, ids)}
+            yield {"tokens": torch.tensor(ids), "loss_mask": torch.tensor(mask), **target_outputs(target, ids, head.reads)}
 
     return {"model": model, "head": head_spec, **evaluate(head, samples(), depth),
             "conversations": len(conversations)}

@@ -2,7 +2,9 @@
 
 Each shard holds, per token: the token id, the loss mask, the target's feature (bf16), the
 target's greedy next token (argmax of its logits) and the log-sum-exp of its logits, so the
-trainer can form the target's probabilities over any draft vocabulary from the features alone.
+trainer can form the target's probabilities over any draft vocabulary from the features alone
+(every objective of `objectives.py` needs nothing else). With `aux_layers` (EAGLE-3 heads) it
+also holds the hidden states entering those three layers, concatenated (`aux_features`, bf16).
 Shards are written under a temporary name and renamed when complete; a restart skips them.
 Under torchrun, rank r extracts the shards k with k % world_size == r.
 """
@@ -21,6 +23,7 @@ from safetensors.torch import load_file, save_file
 from tqdm import tqdm
 
 from eaglespec.errors import EaglespecError, InvalidArgumentError
+from eaglespec.heads.head import check_aux_layers
 from eaglespec.models.load import Target
 from eaglespec.training.data import Conversation, ReadReport, is_held_out, read_conversations, render
 
@@ -37,18 +40,56 @@ class ExtractConfig:
     heldout_fraction: float = 0.02
     seed: int = 0
     shard_size: int = 32  # conversations per shard
-    regenerate: bool = False  # replace assistant turns with the target's own greedy answers (Table 6)
-    regenerate_max_tokens: int = 512
+    aux_layers: tuple[int, ...] = ()  # EAGLE-3: also store the hidden states entering these layers
+    dtype: str = "bfloat16"  # of the target forward (features are stored in bf16 either way)
+
+
+def parse_sources(spec: str) -> list[tuple[str, float]]:
+    """`--data`: one source, or several with weights, `sharegpt:1,data/regenerated/MODEL:1`."""
+    parts = [p.strip() for p in spec.split(",") if p.strip()]
+    if len(parts) == 1 and parts[0].rpartition(":")[0] == "":
+        return [(parts[0], 1.0)]
+    sources = []
+    for part in parts:
+        source, _, weight = part.rpartition(":")
+        try:
+            value = float(weight)
+        except ValueError:
+            value = -1.0
+        if not source or not value >= 0:
+            raise InvalidArgumentError(f"--data '{spec}': give several sources as SOURCE:WEIGHT,SOURCE:WEIGHT with weights >= 0")
+        sources.append((source, value))
+    if sum(w for _, w in sources) <= 0:
+        raise InvalidArgumentError(f"--data '{spec}': the weights sum to 0; give at least one a positive weight")
+    return sources
+
+
+def _split_of(source: str, config: ExtractConfig, report: ReadReport, limit: int | None) -> list[Conversation]:
+    held = config.split == "heldout"
+    chosen = []
+    for conversation in read_conversations(source, report):
+        if is_held_out(conversation.id, config.heldout_fraction, config.seed) == held:
+            chosen.append(conversation)
+            if limit is not None and len(chosen) >= limit:
+                break
+    return chosen
 
 
 def select(config: ExtractConfig, report: ReadReport) -> list[Conversation]:
-    held = config.split == "heldout"
-    chosen = []
-    for conversation in read_conversations(config.source, report):
-        if is_held_out(conversation.id, config.heldout_fraction, config.seed) == held:
-            chosen.append(conversation)
-            if config.limit is not None and len(chosen) >= config.limit:
-                break
+    """The split's conversations, in file order. With several weighted sources, each gives its
+    share of them (of `limit`, else as many as the scarcest source allows), interleaved evenly."""
+    sources = [(s, w) for s, w in parse_sources(config.source) if w > 0]
+    total = sum(w for _, w in sources)
+    if len(sources) == 1:
+        chosen = _split_of(sources[0][0], config, report, config.limit)
+    else:
+        found = [_split_of(s, config, report, None) for s, _ in sources]
+        n = config.limit if config.limit is not None else \
+            int(min(len(f) * total / w for f, (_, w) in zip(found, sources)))
+        counts = [min(len(f), round(n * w / total)) for f, (_, w) in zip(found, sources)]
+        # conversation i of a source that gives c sits at (i + 0.5) / c of the mix
+        ordered = sorted(((i + 0.5) / c, k, f[i]) for k, (f, c) in enumerate(zip(found, counts)) for i in range(c))
+        chosen = [conversation for _, _, conversation in ordered]
     if not chosen:
         raise InvalidArgumentError(
             f"the {config.split} split of '{config.source}' has no conversation with an assistant turn; "
@@ -59,7 +100,7 @@ def select(config: ExtractConfig, report: ReadReport) -> list[Conversation]:
 
 def _check_manifest(out: Path, config: ExtractConfig) -> None:
     manifest = out / "manifest.json"
-    wanted = asdict(config)
+    wanted = json.loads(json.dumps(asdict(config)))  # tuples as JSON lists, as read back
     if manifest.is_file():
         found = json.loads(manifest.read_text())
         if found != wanted:
@@ -75,36 +116,23 @@ def _check_manifest(out: Path, config: ExtractConfig) -> None:
 
 
 @torch.inference_mode()
-def target_outputs(target: Target, ids: list[int]) -> dict[str, torch.Tensor]:
-    """Features, greedy next tokens and logit log-sum-exps of one sequence."""
+def target_outputs(target: Target, ids: list[int], aux_layers: tuple[int, ...] = ()) -> dict[str, torch.Tensor]:
+    """Features, greedy next tokens and logit log-sum-exps of one sequence (and with `aux_layers`
+    the hidden states entering those layers, concatenated)."""
     model = target.model
     tokens = torch.tensor([ids], device=model.weight_like.device)
-    _, features = model(tokens, model.new_cache(len(ids)), last_logits_only=True)
-    features = features[0]
+    last = model.config.num_layers
+    _, captured = model(tokens, model.new_cache(len(ids)), last_logits_only=True, capture=(*aux_layers, last))
+    aux, hidden = captured[0].split([len(aux_layers) * model.config.hidden_size, model.config.hidden_size], dim=-1)
+    features = model.norm(hidden)
+    extra = {"aux_features": aux.to(torch.bfloat16).cpu()} if aux_layers else {}
     argmax, lse = [], []
     for chunk in features.split(LOGIT_CHUNK):
         logits = model.lm_head(chunk).float()
         argmax.append(logits.argmax(-1))
         lse.append(torch.logsumexp(logits, -1))
     return {"features": features.to(torch.bfloat16).cpu(), "target_argmax": torch.cat(argmax).int().cpu(),
-            "target_lse": torch.cat(lse).cpu()}
-
-
-def regenerate(target: Target, conversation: Conversation, max_new_tokens: int) -> Conversation:
-    """The conversation with each assistant turn replaced by the target's greedy answer to the
-    turns before it (earlier answers regenerated too), as the paper's target-generated data."""
-    from eaglespec.decoding.generate import generate
-
-    if conversation.text is not None:
-        return conversation
-    messages: list[dict[str, str]] = []
-    for message in conversation.messages:
-        if message["role"] == "assistant":
-            prompt = target.tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
-            ids = target.tokenizer(prompt, add_special_tokens=False)["input_ids"]
-            message = {"role": "assistant", "content": generate(target, ids, max_new_tokens=max_new_tokens).text}
-        messages.append(message)
-    return Conversation(conversation.id, messages)
+            "target_lse": torch.cat(lse).cpu(), **extra}
 
 
 def _write_shard(path: Path, rows: list[dict[str, torch.Tensor]]) -> None:
@@ -128,6 +156,8 @@ def _write_shard(path: Path, rows: list[dict[str, torch.Tensor]]) -> None:
 def extract(target: Target, config: ExtractConfig, out: Path, rank: int = 0, world: int = 1) -> dict:
     """Extract the features of a split into `out`; returns a summary. Resumable and idempotent."""
     out = Path(out)
+    if config.aux_layers:
+        check_aux_layers(config.aux_layers, target.model.config.num_layers)
     report = ReadReport()
     conversations = select(config, report)
     if report.summary():
@@ -137,7 +167,7 @@ def extract(target: Target, config: ExtractConfig, out: Path, rank: int = 0, wor
     todo = [k for k in range(shards) if k % world == rank and not (out / f"shard-{k:05d}.safetensors").is_file()]
     sample = [len(render(target.tokenizer, c, config.max_len)[0]) for c in conversations[:50]]
     per_conversation = sum(sample) / len(sample)
-    per_token = 2 * target.model.config.hidden_size + 4 + 1 + 4 + 4
+    per_token = 2 * (1 + len(config.aux_layers)) * target.model.config.hidden_size + 4 + 1 + 4 + 4
     estimate = per_conversation * len(conversations)
     print(f"{len(conversations)} conversations in {shards} shards, about {estimate / 1e6:.2f}M tokens, "
           f"about {estimate * per_token / 1e9:.2f} GB on disk at {out}; {len(todo)} shards to do here")
@@ -148,8 +178,6 @@ def extract(target: Target, config: ExtractConfig, out: Path, rank: int = 0, wor
     for k in todo:
         rows = []
         for conversation in conversations[k * config.shard_size:(k + 1) * config.shard_size]:
-            if config.regenerate:
-                conversation = regenerate(target, conversation, config.regenerate_max_tokens)
             ids, mask = render(target.tokenizer, conversation, config.max_len)
             bar.update(len(ids))
             if sum(mask[1:]) == 0 or len(ids) < 2:  # nothing to train on after truncation
@@ -157,7 +185,7 @@ def extract(target: Target, config: ExtractConfig, out: Path, rank: int = 0, wor
                 continue
             rows.append({"tokens": torch.tensor(ids, dtype=torch.int32),
                          "loss_mask": torch.tensor(mask, dtype=torch.uint8),
-                         **target_outputs(target, ids)})
+                         **target_outputs(target, ids, config.aux_layers)})
         if rows:
             _write_shard(out / f"shard-{k:05d}.safetensors", rows)
         else:

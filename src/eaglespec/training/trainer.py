@@ -1,8 +1,11 @@
-"""Training an EAGLE head on extracted features.
+"""Training a draft head (EAGLE-1 or EAGLE-3) on extracted features.
 
-loss = SmoothL1(f_hat, f) + 0.1 * CE(softmax(LMHead(f)), log_softmax(LMHead(f_hat))) over assistant
-positions, with U(-noise, noise) on the input features; AdamW with warmup then linear decay,
-gradient clipping, bf16 autocast where the CPU supports it.
+The loss is a weighted sum of the terms of `objectives.py` over assistant positions (default
+EAGLE-1's SmoothL1(f_hat, f) + 0.1 * soft CE), with U(-noise, noise) on the input features.
+With `unroll` K > 1 (the training-time test of EAGLE-3 / HASS) every position is drafted for K
+steps exactly as chain drafting runs (`DraftHead.unroll`): step i reads the head's own output of
+step i-1, and its loss weighs `unroll_decay`**i. AdamW with warmup then linear decay, gradient
+clipping, bf16 autocast where the device supports it.
 
 A run folder holds `checkpoint.pt` (head, optimizer, scheduler, data position, history), written atomically every N steps, at each epoch end and on Ctrl-C; the same command
 resumes exactly where it stopped. Under torchrun each optimizer step's conversations are split
@@ -12,6 +15,7 @@ global count of scored tokens, so K processes compute the same update as one.
 
 from __future__ import annotations
 
+import json
 import os
 import time
 from contextlib import nullcontext
@@ -20,15 +24,15 @@ from pathlib import Path
 
 import torch
 import torch.distributed as dist
-import torch.nn.functional as F
 from tqdm import tqdm
 
 from eaglespec.errors import InvalidArgumentError
 from eaglespec.heads.checkpoint import save_head
-from eaglespec.heads.head import EagleHead
+from eaglespec.heads.head import HEAD_TYPES, DraftHead, check_aux_layers, make_head
 from eaglespec.models.load import load_target
-from eaglespec.training.evaluate import evaluate, head_tokens
+from eaglespec.training.evaluate import evaluate, head_inputs, head_tokens
 from eaglespec.training.features import FeatureSet
+from eaglespec.training.objectives import DEFAULT_LOSS, parse_loss, position_losses
 
 
 @dataclass
@@ -45,24 +49,53 @@ class TrainConfig:
     warmup_steps: int = 100
     batch_conversations: int = 8  # per optimizer step, over all ranks
     noise: float = 0.1
-    feature_loss_weight: float = 1.0
-    token_loss_weight: float = 0.1
+    loss: str = DEFAULT_LOSS  # weighted terms of objectives.py
+    unroll: int = 1  # K: draft steps trained per position (training-time test); 1 = EAGLE-1's training
+    unroll_decay: float = 0.8  # step i's loss weighs unroll_decay ** i
+    head_type: str = "eagle1"  # or "eagle3"
+    aux_layers: tuple[int, ...] = ()  # EAGLE-3's target layers (default: vLLM's 2, N // 2, N - 3)
     draft_vocab: int = 0  # 0: the full target vocabulary
     num_layers: int = 1
     input_variant: str = "feature+shifted-token"
-    init: str = "random"  # or "target-last-layer"
+    init: str = "random"  # or "target-last-layer" (EAGLE-1; EAGLE-3 heads always start their LM head from the target's)
+    device: str = "cpu"  # or "cuda" (under torchrun: each process its LOCAL_RANK's GPU)
     checkpoint_every: int = 50
     eval_limit: int | None = None  # held-out conversations scored each epoch
     autocast: bool = True
     seed: int = 0
+    budget_minutes: float | None = None  # train this long (wall time over all stretches): lr decays to 0 at it
     max_minutes: float | None = None  # stop (resumable) after this long in this run
     max_steps: int | None = None  # stop (resumable) once this many steps are done
+
+    def __post_init__(self):
+        """Bad options fail here, before any work."""
+        terms = parse_loss(self.loss)
+        if self.unroll < 1:
+            raise InvalidArgumentError(f"--unroll must be >= 1 draft steps (1: no training-time test), got {self.unroll}")
+        if not 0 < self.unroll_decay <= 1:
+            raise InvalidArgumentError(f"--unroll-decay must be in (0, 1], got {self.unroll_decay}")
+        if self.head_type not in HEAD_TYPES:
+            raise InvalidArgumentError(f"unknown head type '{self.head_type}': use {' or '.join(HEAD_TYPES)}")
+        if self.head_type == "eagle3":
+            if "feature" in terms:
+                raise InvalidArgumentError("an EAGLE-3 head predicts no target feature: drop the 'feature' loss "
+                                           "term (EAGLE-3 trains on 'ce')")
+            if self.init != "random" or self.num_layers != 1 or self.input_variant != "feature+shifted-token":
+                raise InvalidArgumentError("--init, --layers and --input-variant are EAGLE-1 options")
+        elif self.aux_layers:
+            raise InvalidArgumentError("--aux-layers is an EAGLE-3 option (an EAGLE-1 head reads the final feature)")
+        if self.budget_minutes is not None and self.budget_minutes <= 0:
+            raise InvalidArgumentError(f"--budget-minutes must be > 0, got {self.budget_minutes}")
+        if self.init not in ("random", "target-last-layer"):
+            raise InvalidArgumentError(f"init must be 'random' or 'target-last-layer', got '{self.init}'")
+        self.aux_layers = tuple(self.aux_layers)
 
     def same_run(self, other: dict) -> bool:
         """Equal up to the stopping limits, which may change between stretches of one run."""
         limits = ("max_minutes", "max_steps")
-        return {k: v for k, v in asdict(self).items() if k not in limits} == \
-            {k: v for k, v in other.items() if k not in limits}
+        mine = json.loads(json.dumps(asdict(self)))  # tuples as lists, as saved
+        return {k: v for k, v in mine.items() if k not in limits} == \
+            {k: v for k, v in json.loads(json.dumps(other)).items() if k not in limits}
 
 
 @dataclass
@@ -73,6 +106,7 @@ class State:
     history: list[dict] = field(default_factory=list)  # per optimizer step
     evals: list[dict] = field(default_factory=list)  # per epoch
     seconds: float = 0.0  # wall time of the run so far, over all its stretches
+    finished: bool = False  # the time budget is spent (and its last evaluation done)
 
 
 def draft_vocabulary(train: FeatureSet, size: int) -> torch.Tensor:
@@ -89,31 +123,51 @@ def draft_vocabulary(train: FeatureSet, size: int) -> torch.Tensor:
     return torch.topk(counts, size).indices.sort().values
 
 
-def conversation_loss(head: EagleHead, sample: dict, config: TrainConfig, generator: torch.Generator,
-                      autocast: bool, forward=None) -> tuple[torch.Tensor, int, int]:
-    """Summed loss over scored positions, their count, and the draft's top-1 hits among them.
+class Unrolled(torch.nn.Module):
+    """The head's unrolled chains as one module call, so DistributedDataParallel sees one forward."""
 
-    `forward` runs the head (the DistributedDataParallel wrapper under torchrun; default the head).
+    def __init__(self, head: DraftHead):
+        super().__init__()
+        self.head = head
+
+    def forward(self, inputs, tokens, depth, cache):
+        return self.head.unroll(inputs, tokens, depth, cache)
+
+
+def conversation_loss(head: DraftHead, sample: dict, config: TrainConfig, generator: torch.Generator,
+                      autocast: bool, forward=None) -> tuple[torch.Tensor, int, int]:
+    """Summed loss over scored positions (every unrolled step, weighted), the number of scored
+    positions of step 0, and the draft's step-0 top-1 hits among them.
+
+    `forward` runs `Unrolled` (the DistributedDataParallel wrapper under torchrun; default the head's).
     """
-    tokens = sample["tokens"].long()
-    feats = sample["features"].float()
-    scored = sample["loss_mask"][1:].bool()
-    inputs, target = feats[:-1], feats[1:]
+    terms = parse_loss(config.loss)
+    tokens = head_tokens(head, sample["tokens"].long())
+    inputs = head_inputs(head, sample).float()
+    final = sample["features"].float()
     if config.noise:
         inputs = inputs + (torch.rand(inputs.shape, generator=generator) * 2 - 1) * config.noise
-    with torch.autocast("cpu", dtype=torch.bfloat16, enabled=autocast):
-        cache = head.new_cache(len(inputs), dtype=torch.bfloat16 if autocast else None)
-        predicted = (forward or head)(inputs[None], head_tokens(head, tokens)[None], cache)[0]
-        draft_logits = head.logits(predicted)
-        with torch.no_grad():
-            target_logits = head.logits(target)
-    target_p = torch.exp(target_logits.float() - sample["target_lse"][1:, None])
-    draft_logits = draft_logits.float()
-    token_loss = -(target_p * torch.log_softmax(draft_logits, -1)).sum(-1)
-    feature_loss = F.smooth_l1_loss(predicted.float(), target, reduction="none").mean(-1)
-    loss = config.feature_loss_weight * feature_loss + config.token_loss_weight * token_loss
-    hits = head.to_target(draft_logits.detach().argmax(-1)) == sample["target_argmax"][1:].long()
-    return (loss * scored).sum(), int(scored.sum()), int((hits & scored).sum())
+    device_type = head.weight_like.device.type
+    L, depth = len(tokens), config.unroll - 1
+    inputs, tokens, final = (t.to(head.weight_like.device) for t in (inputs, tokens, final))
+    lse, mask = sample["target_lse"].to(final.device), sample["loss_mask"].bool().to(final.device)
+    total, scored0, hits = 0.0, 0, 0
+    with torch.autocast(device_type, dtype=torch.bfloat16, enabled=autocast):
+        cache = head.new_cache(sum(max(L - k, 0) for k in range(depth + 1)), dtype=torch.bfloat16 if autocast else None)
+        steps = (forward or Unrolled(head))(inputs, tokens, depth, cache)
+        for k, predicted in enumerate(steps):
+            at = slice(k + 1, k + 1 + len(predicted))  # chain j's step k predicts position j + k + 1
+            draft_logits = head.logits(predicted)
+            with torch.no_grad():
+                target_logits = head.target_logits(final[at])
+            losses = position_losses(terms, draft_logits, target_logits, lse[at], predicted, final[at])
+            scored = mask[at]
+            total = total + config.unroll_decay ** k * (losses * scored).sum()
+            if k == 0:
+                draft = head.to_target(draft_logits.detach().argmax(-1))
+                scored0 = int(scored.sum())
+                hits = int(((draft == sample["target_argmax"][1:].long().to(draft.device)) & scored).sum())
+    return total, scored0, hits
 
 
 def _schedule(config: TrainConfig, total_steps: int):
@@ -134,26 +188,43 @@ def train(config: TrainConfig, log=print) -> State:
     """Train (or resume) a head; returns the final state. The head is written to `out/head`."""
     distributed = int(os.environ.get("WORLD_SIZE", "1")) > 1
     if distributed and not dist.is_initialized():
-        dist.init_process_group("nccl" if torch.cuda.is_available() else "gloo")
+        dist.init_process_group("nccl" if config.device.startswith("cuda") else "gloo")
     rank, world = (dist.get_rank(), dist.get_world_size()) if distributed else (0, 1)
     out = Path(config.out)
     out.mkdir(parents=True, exist_ok=True)
     if config.batch_conversations < world:
         raise InvalidArgumentError(f"batch_conversations ({config.batch_conversations}) must be >= the number of processes ({world})")
 
-    target = load_target(config.model, "float32")
+    device = torch.device(config.device)
+    if device.type == "cuda":
+        if not torch.cuda.is_available():
+            raise InvalidArgumentError("--device cuda: no CUDA device here (or torch is a CPU build); use --device cpu")
+        device = torch.device("cuda", int(os.environ.get("LOCAL_RANK", "0")))
+        torch.cuda.set_device(device)
+    target = load_target(config.model, "float32", device)
     train_set = FeatureSet(Path(config.train_dir))
     if train_set.manifest["model"] != config.model:
         raise InvalidArgumentError(f"{config.train_dir} holds features of {train_set.manifest['model']}, not {config.model}")
+    extracted = tuple(train_set.manifest.get("aux_layers", ()))
     heldout = FeatureSet(Path(config.heldout_dir)) if config.heldout_dir else None
     vocab = draft_vocabulary(train_set, config.draft_vocab) if config.draft_vocab else None
     torch.manual_seed(config.seed)
-    head = EagleHead(target.model.config, config.num_layers, config.input_variant).attach(target.model, vocab)
-    if config.init == "target-last-layer":
+    if config.aux_layers:
+        check_aux_layers(config.aux_layers, target.model.config.num_layers)
+    head = make_head(target.model.config, config.head_type, num_layers=config.num_layers,
+                     input_variant=config.input_variant, aux_layers=config.aux_layers or None,
+                     draft_vocab_size=len(vocab) if vocab is not None else None).attach(target.model, vocab)
+    if head.reads and head.reads != extracted:
+        raise InvalidArgumentError(
+            f"{config.train_dir} holds the hidden states of target layers {list(extracted)}, but this EAGLE-3 head "
+            f"reads {list(head.reads)}: extract with --aux-layers {','.join(map(str, head.reads))} (or train with "
+            "the layers extracted)")
+    if config.init == "target-last-layer" or config.head_type == "eagle3":
         head.init_from_target(target.model)
-    elif config.init != "random":
-        raise InvalidArgumentError(f"init must be 'random' or 'target-last-layer', got '{config.init}'")
-    model = torch.nn.parallel.DistributedDataParallel(head) if distributed else head
+    model = None
+    if distributed:
+        ids = [device] if device.type == "cuda" else None
+        model = torch.nn.parallel.DistributedDataParallel(Unrolled(head), device_ids=ids)
     params = [p for p in head.parameters() if p.requires_grad]
     optimizer = torch.optim.AdamW(params, lr=config.lr, betas=config.betas, weight_decay=config.weight_decay)
     per_epoch = len(train_set) // config.batch_conversations
@@ -161,11 +232,11 @@ def train(config: TrainConfig, log=print) -> State:
         raise InvalidArgumentError(f"{len(train_set)} conversations make no batch of {config.batch_conversations}")
     scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, _schedule(config, per_epoch * config.epochs))
     state = State()
-    autocast = config.autocast and torch.ops.mkldnn._is_mkldnn_bf16_supported()
+    autocast = config.autocast and (device.type == "cuda" or torch.ops.mkldnn._is_mkldnn_bf16_supported())
 
     checkpoint = out / "checkpoint.pt"
     if checkpoint.is_file():
-        saved = torch.load(checkpoint, weights_only=False)
+        saved = torch.load(checkpoint, weights_only=False, map_location=device)
         if not config.same_run(saved["config"]):
             raise InvalidArgumentError(f"{checkpoint} was made with other settings: use another --out folder")
         head.load_state_dict(saved["head"])
@@ -183,13 +254,31 @@ def train(config: TrainConfig, log=print) -> State:
             _atomic_save({"config": asdict(config), "head": head.state_dict(), "optimizer": optimizer.state_dict(),
                           "scheduler": scheduler.state_dict(), "state": asdict(state)}, checkpoint)
 
+    def budget_step() -> tuple[float, bool]:
+        """With a time budget: the lr of the coming step (warmup by steps, then linear decay to 0
+        at the budget) and whether the budget is spent; rank 0 decides for all."""
+        warm = min(1.0, (state.step + 1) / config.warmup_steps) if config.warmup_steps else 1.0
+        left = 1 - elapsed() / (config.budget_minutes * 60)
+        decision = torch.tensor([config.lr * warm * max(left, 0.0), float(left <= 0)], dtype=torch.float64)
+        if distributed:
+            dist.broadcast(decision, 0)
+        return float(decision[0]), bool(decision[1])
+
     started, base_seconds = time.monotonic(), state.seconds
     bar = tqdm(total=per_epoch * config.epochs, initial=state.step, unit="step", desc="training",
                disable=rank != 0)
     try:
-        while state.epoch < config.epochs:
+        while state.epoch < config.epochs and not state.finished:
             order = torch.randperm(len(train_set), generator=torch.Generator().manual_seed(config.seed + state.epoch))
+            spent = False
             while state.batch < per_epoch:
+                if config.budget_minutes:
+                    lr, spent = budget_step()
+                    if spent:
+                        break
+                    for group in optimizer.param_groups:
+                        group["lr"] = lr
+                lr = optimizer.param_groups[0]["lr"]
                 ids = order[state.batch * config.batch_conversations:(state.batch + 1) * config.batch_conversations]
                 samples = [train_set[int(i)] for i in ids]
                 total = sum(int(s["loss_mask"][1:].sum()) for s in samples)
@@ -215,7 +304,7 @@ def train(config: TrainConfig, log=print) -> State:
                 state.batch += 1
                 state.history.append({"step": state.step, "loss": float(stats[0]) / max(total, 1),
                                       "top1": float(stats[1]) / max(total, 1), "grad_norm": float(grad_norm),
-                                      "lr": scheduler.get_last_lr()[0]})
+                                      "lr": lr})
                 bar.update(1)
                 bar.set_postfix(loss=f"{state.history[-1]['loss']:.3f}", top1=f"{state.history[-1]['top1']:.3f}")
                 if state.step % config.checkpoint_every == 0:
@@ -225,7 +314,8 @@ def train(config: TrainConfig, log=print) -> State:
                     save()
                     log(f"stopped at step {state.step}; run the same command again to resume")
                     return state
-            # the epoch counts as done once evaluated: an interrupted evaluation runs again on resume
+            # the epoch (or the budget's last part of one) counts as done once evaluated: an
+            # interrupted evaluation runs again on resume
             if heldout is not None and rank == 0:
                 limit = len(heldout) if config.eval_limit is None else min(config.eval_limit, len(heldout))
                 head.eval()
@@ -235,6 +325,7 @@ def train(config: TrainConfig, log=print) -> State:
                 log(f"epoch {state.epoch + 1}: held-out alpha " + ", ".join(f"{a:.3f}" for a in result["alpha"]))
             state.epoch += 1
             state.batch = 0
+            state.finished = spent
             if rank == 0:
                 split = {k: train_set.manifest[k] for k in ("source", "max_len", "heldout_fraction", "seed")}
                 record = {"split": split, "train": asdict(config), "evals": state.evals,
