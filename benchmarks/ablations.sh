@@ -74,23 +74,23 @@ case "${1:?usage: ablations.sh trees|heads|data}" in
         # the same features (with the hidden states an EAGLE-3 head reads) and BUDGET minutes of
         # training each, the lr decaying to 0 at the budget; fp32 target forwards for extraction
         # (faster than bf16 on CPUs without bf16 instructions)
-        BUDGET=${BUDGET:-12}
+        BUDGET=${BUDGET:-10}
         A=(--aux-layers eagle3 --dtype float32 --threads 2)
         $E extract --model $M --split heldout --limit 100 "${A[@]}" --out "$F/smollm2-aux-heldout"
-        $E extract --model $M --split train --limit 400 "${A[@]}" --out "$F/smollm2-aux-train400"
+        $E extract --model $M --split train --limit 300 "${A[@]}" --out "$F/smollm2-aux-train300"
         budget() {  # NAME [train options]
             local name=$1
             shift
-            $E train --model $M --train-features "$F/smollm2-aux-train400" --heldout-features "$F/smollm2-aux-heldout" \
+            $E train --model $M --train-features "$F/smollm2-aux-train300" --heldout-features "$F/smollm2-aux-heldout" \
                 --out "$RUNS/$name" --epochs 1000 --budget-minutes "$BUDGET" "${RECIPE[@]}" "$@"  # a finished run returns at once
             mkdir -p "$OUT/objectives" && cp "$RUNS/$name/head/config.json" "$OUT/objectives/$name.json"
         }
         budget obj-eagle1                                   # feature:1,ce:0.1, one step (EAGLE-1)
+        budget unroll-3 --loss ce --unroll 3
+        budget eagle3-unroll-3 --head-type eagle3 --loss ce --unroll 3
         budget obj-ce --loss ce
         budget obj-accept --loss accept
         budget obj-topk --loss ce:1,topk:1                  # HASS's top-K term beside the CE
-        budget unroll-3 --loss ce --unroll 3
-        budget unroll-5 --loss ce --unroll 5
-        budget eagle3-unroll-3 --head-type eagle3 --loss ce --unroll 3 ;;
+        budget unroll-5 --loss ce --unroll 5 ;;
     *) echo "unknown ablation '$1': trees, heads, data or objectives" >&2; exit 1 ;;
 esac

@@ -105,6 +105,7 @@ class State:
     step: int = 0
     history: list[dict] = field(default_factory=list)  # per optimizer step
     evals: list[dict] = field(default_factory=list)  # per epoch
+    eval_seconds: list[float] = field(default_factory=list)  # the run's wall time at each evaluation
     seconds: float = 0.0  # wall time of the run so far, over all its stretches
     finished: bool = False  # the time budget is spent (and its last evaluation done)
 
@@ -322,6 +323,7 @@ def train(config: TrainConfig, log=print) -> State:
                 result = evaluate(head, (heldout[i] for i in range(limit)))
                 head.train()
                 state.evals.append({"epoch": state.epoch + 1, "step": state.step, **result})
+                state.eval_seconds.append(round(elapsed(), 1))
                 log(f"epoch {state.epoch + 1}: held-out alpha " + ", ".join(f"{a:.3f}" for a in result["alpha"]))
             state.epoch += 1
             state.batch = 0
@@ -329,6 +331,7 @@ def train(config: TrainConfig, log=print) -> State:
             if rank == 0:
                 split = {k: train_set.manifest[k] for k in ("source", "max_len", "heldout_fraction", "seed")}
                 record = {"split": split, "train": asdict(config), "evals": state.evals,
+                          "eval_seconds": state.eval_seconds,
                           "train_conversations": len(train_set), "train_seconds": round(elapsed())}
                 save_head(head, out / "head", config.model, record)
                 plot_curves(state, out / "curves.png")
