@@ -1,6 +1,7 @@
 """The README's ablation tables, from what benchmarks/ablations.sh wrote: held-out n-alpha per
-epoch of each ablation head (same data and budget), and the bench runs of the tree and data
-ablations.
+epoch of each ablation head (same data and budget), the objectives ablation (one time budget per
+head: the final held-out n-alpha, and a plot of 0-alpha against training minutes), and the bench
+runs of the tree and data ablations.
 
     .venv/bin/python benchmarks/ablation_report.py   # writes benchmarks/results/ablations/summary.md
 """
@@ -13,6 +14,44 @@ from pathlib import Path
 from eaglespec.bench.run import markdown
 
 RESULTS = Path(__file__).parent / "results" / "ablations"
+
+
+def objectives_table(paths: list[Path]) -> str:
+    lines = ["| head | type | loss | unrolled steps | training minutes | steps | epochs | held-out 0-alpha "
+             "| 1-alpha | 2-alpha | 3-alpha | 4-alpha |", "|" + "---|" * 12]
+    for path in paths:
+        meta = json.loads(path.read_text())["eaglespec"]
+        train, last = meta["train"], meta["evals"][-1]
+        epochs = last["step"] * train["batch_conversations"] / meta["train_conversations"]
+        alphas = " | ".join(f"{a:.3f}" for a in last["alpha"])
+        lines.append(f"| {path.stem} | {train['head_type']} | {train['loss']} | {train['unroll']} "
+                     f"| {meta['train_seconds'] / 60:.1f} | {last['step']} | {epochs:.2f} | {alphas} |")
+    return "\n".join(lines)
+
+
+def plot_objectives(paths: list[Path], out: Path) -> None:
+    """Held-out 0-alpha and 2-alpha against minutes of training, one line per head."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    from eaglespec.files import save_figure
+
+    fig, axes = plt.subplots(1, 2, figsize=(11, 4))
+    for path in paths:
+        meta = json.loads(path.read_text())["eaglespec"]
+        minutes = [s / 60 for s in meta["eval_seconds"]]
+        for n, ax in zip((0, 2), axes):
+            ax.plot(minutes, [e["alpha"][n] for e in meta["evals"]], marker="o", label=path.stem)
+    for n, ax in zip((0, 2), axes):
+        ax.set_xlabel("minutes of training (CPU, 2 threads)")
+        ax.set_ylabel(f"held-out {n}-alpha")
+        ax.grid(alpha=0.3)
+    axes[0].legend(fontsize=8)
+    fig.tight_layout()
+    save_figure(fig, out)
+    plt.close(fig)
 
 
 def main() -> None:
@@ -31,6 +70,10 @@ def main() -> None:
                 minutes = f"{meta['train_seconds'] / 60:.1f}" if "train_seconds" in meta and e is meta["evals"][-1] else "-"
                 lines.append(f"| {path.stem} | {e['epoch']} | {meta['train']['eval_limit']} | {alphas} | {size} | {minutes} |")
         parts.append("\n".join(lines))
+    objectives = sorted((RESULTS / "objectives").glob("*.json"), key=lambda p: p.stat().st_mtime)
+    if objectives:
+        parts.append(objectives_table(objectives))
+        plot_objectives(objectives, RESULTS / "objectives-alpha.png")
     for path in sorted(RESULTS.glob("*.json")):
         result = json.loads(path.read_text())
         head = result["config"]["head"]  # a run folder's head/ under the cache: name the run

@@ -151,6 +151,7 @@ def test_ctrl_c_during_the_epoch_evaluation_evaluates_again_on_resume(cfg, monke
     head = json.loads((Path(cfg("ctrl-c").out) / "head" / "config.json").read_text())["eaglespec"]
     assert head["evals"] == whole.evals and head["train_seconds"] >= 0
     assert head["train_conversations"] == len(FeatureSet(cfg("ctrl-c").train_dir))
+    assert head["feature_seconds"] > 0 and head["eval_seconds"][-1] <= head["train_seconds"] + 1  # extraction timed
 
 
 @pytest.mark.parametrize("variant", INPUT_VARIANTS)

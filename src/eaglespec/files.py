@@ -7,11 +7,13 @@ import json
 import os
 from pathlib import Path
 
+from eaglespec.errors import InvalidArgumentError
+
 
 def write_json(data: dict, path: Path) -> None:
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(path.name + ".tmp")
+    tmp = path.with_name(f"{path.name}.tmp{os.getpid()}")
     tmp.write_text(json.dumps(data, indent=2) + "\n")
     os.replace(tmp, path)
 
@@ -22,3 +24,17 @@ def save_figure(fig, path: Path) -> None:
     tmp = path.with_name(path.name + ".tmp")
     fig.savefig(tmp, dpi=100, format="png", bbox_inches="tight")
     os.replace(tmp, path)
+
+
+def check_manifest(out: Path, wanted: dict, what: str) -> None:
+    """A resumable job's folder records its settings in manifest.json: a new folder gets them,
+    a folder made with other settings is refused (other keys, e.g. progress, are not compared)."""
+    manifest = Path(out) / "manifest.json"
+    wanted = json.loads(json.dumps(wanted))  # tuples as JSON lists, as read back
+    if manifest.is_file():
+        found = json.loads(manifest.read_text())
+        diff = {k: (found.get(k), v) for k, v in wanted.items() if found.get(k) != v}
+        if diff:
+            raise InvalidArgumentError(f"{out} holds {what} made with other settings {diff}: use another --out folder")
+        return
+    write_json(wanted, manifest)

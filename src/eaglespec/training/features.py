@@ -15,14 +15,17 @@ import errno
 import json
 import math
 import os
+import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
 import torch
+from safetensors import safe_open
 from safetensors.torch import load_file, save_file
 from tqdm import tqdm
 
 from eaglespec.errors import EaglespecError, InvalidArgumentError
+from eaglespec.files import check_manifest
 from eaglespec.heads.head import check_aux_layers
 from eaglespec.models.load import Target
 from eaglespec.training.data import Conversation, ReadReport, is_held_out, read_conversations, render
@@ -98,23 +101,6 @@ def select(config: ExtractConfig, report: ReadReport) -> list[Conversation]:
     return chosen
 
 
-def _check_manifest(out: Path, config: ExtractConfig) -> None:
-    manifest = out / "manifest.json"
-    wanted = json.loads(json.dumps(asdict(config)))  # tuples as JSON lists, as read back
-    if manifest.is_file():
-        found = json.loads(manifest.read_text())
-        if found != wanted:
-            diff = {k: (found.get(k), v) for k, v in wanted.items() if found.get(k) != v}
-            raise InvalidArgumentError(
-                f"{out} holds features made with other settings {diff}: use another --out folder"
-            )
-        return
-    out.mkdir(parents=True, exist_ok=True)
-    tmp = manifest.with_suffix(f".tmp{os.getpid()}")
-    tmp.write_text(json.dumps(wanted, indent=2) + "\n")
-    os.replace(tmp, manifest)
-
-
 @torch.inference_mode()
 def target_outputs(target: Target, ids: list[int], aux_layers: tuple[int, ...] = ()) -> dict[str, torch.Tensor]:
     """Features, greedy next tokens and logit log-sum-exps of one sequence (and with `aux_layers`
@@ -135,13 +121,14 @@ def target_outputs(target: Target, ids: list[int], aux_layers: tuple[int, ...] =
             "target_lse": torch.cat(lse).cpu(), **extra}
 
 
-def _write_shard(path: Path, rows: list[dict[str, torch.Tensor]]) -> None:
+def _write_shard(path: Path, rows: list[dict[str, torch.Tensor]], seconds: float) -> None:
+    """One shard, atomically; its metadata keeps the wall seconds its extraction took."""
     lengths = [len(r["tokens"]) for r in rows]
     tensors = {key: torch.cat([r[key] for r in rows]) for key in rows[0]}
     tensors["offsets"] = torch.tensor([0, *lengths], dtype=torch.int64).cumsum(0)
     tmp = path.with_name(f".{path.name}.tmp{os.getpid()}")
     try:
-        save_file(tensors, str(tmp))
+        save_file(tensors, str(tmp), metadata={"seconds": f"{seconds:.3f}"})
         os.replace(tmp, path)
     except OSError as err:
         tmp.unlink(missing_ok=True)
@@ -162,7 +149,7 @@ def extract(target: Target, config: ExtractConfig, out: Path, rank: int = 0, wor
     conversations = select(config, report)
     if report.summary():
         print(f"{config.source}: {report.summary()}")
-    _check_manifest(out, config)
+    check_manifest(out, asdict(config), "features")
     shards = math.ceil(len(conversations) / config.shard_size)
     todo = [k for k in range(shards) if k % world == rank and not (out / f"shard-{k:05d}.safetensors").is_file()]
     sample = [len(render(target.tokenizer, c, config.max_len)[0]) for c in conversations[:50]]
@@ -176,7 +163,7 @@ def extract(target: Target, config: ExtractConfig, out: Path, rank: int = 0, wor
                desc=f"extracting {config.split}", disable=rank != 0)
     skipped = 0
     for k in todo:
-        rows = []
+        rows, shard_start = [], time.monotonic()
         for conversation in conversations[k * config.shard_size:(k + 1) * config.shard_size]:
             ids, mask = render(target.tokenizer, conversation, config.max_len)
             bar.update(len(ids))
@@ -187,7 +174,7 @@ def extract(target: Target, config: ExtractConfig, out: Path, rank: int = 0, wor
                          "loss_mask": torch.tensor(mask, dtype=torch.uint8),
                          **target_outputs(target, ids, config.aux_layers)})
         if rows:
-            _write_shard(out / f"shard-{k:05d}.safetensors", rows)
+            _write_shard(out / f"shard-{k:05d}.safetensors", rows, time.monotonic() - shard_start)
         else:
             (out / f"shard-{k:05d}.safetensors").touch()  # an empty shard: nothing to redo
     bar.close()
@@ -203,7 +190,12 @@ class FeatureSet:
         if not (folder / "manifest.json").is_file() or not files:
             raise InvalidArgumentError(f"no extracted features in {folder}: run `eaglespec extract` first")
         self.manifest = json.loads((folder / "manifest.json").read_text())
-        self.shards = [load_file(str(f)) for f in files if f.stat().st_size > 0]
+        files = [f for f in files if f.stat().st_size > 0]
+        self.shards = [load_file(str(f)) for f in files]
+        self.seconds = 0.0  # wall time of the extraction (shards written before it was recorded: 0)
+        for f in files:
+            with safe_open(str(f), "pt") as shard:
+                self.seconds += float((shard.metadata() or {}).get("seconds", 0))
         self.index = [(s, int(a), int(b)) for s, shard in enumerate(self.shards)
                       for a, b in zip(shard["offsets"][:-1], shard["offsets"][1:])]
 

@@ -21,6 +21,7 @@ from pathlib import Path
 from tqdm import tqdm
 
 from eaglespec.errors import InvalidArgumentError
+from eaglespec.files import check_manifest
 from eaglespec.models.load import Target
 from eaglespec.training.data import Conversation, ReadReport
 from eaglespec.training.features import ExtractConfig, select
@@ -89,22 +90,6 @@ def _write_shard(path: Path, records: list[dict]) -> None:
     os.replace(tmp, path)
 
 
-def _check_manifest(out: Path, config: RegenerateConfig) -> None:
-    manifest = out / "manifest.json"
-    wanted = asdict(config)
-    if manifest.is_file():
-        found = json.loads(manifest.read_text())
-        settings = {k: v for k, v in found.items() if k in wanted}
-        if settings != wanted:
-            diff = {k: (settings.get(k), v) for k, v in wanted.items() if settings.get(k) != v}
-            raise InvalidArgumentError(f"{out} holds answers made with other settings {diff}: use another --out folder")
-        return
-    out.mkdir(parents=True, exist_ok=True)
-    tmp = manifest.with_suffix(f".tmp{os.getpid()}")
-    tmp.write_text(json.dumps(wanted, indent=2) + "\n")
-    os.replace(tmp, manifest)
-
-
 def _record_progress(out: Path, shard: int, tokens: int, seconds: float) -> None:
     """Per shard: generated tokens and wall seconds (the CPU hours behind the data)."""
     manifest = out / "manifest.json"
@@ -123,7 +108,7 @@ def regenerate(target: Target, config: RegenerateConfig, out: Path, method=None,
     split = ExtractConfig(config.model, config.source, config.split, config.limit,
                           heldout_fraction=config.heldout_fraction, seed=config.seed)
     conversations = select(split, ReadReport())
-    _check_manifest(out, config)
+    check_manifest(out, asdict(config), "answers")
     shards = -(-len(conversations) // config.shard_size)
     todo = [k for k in range(shards) if not (out / f"part-{k:05d}.jsonl.gz").is_file()]
     print(f"{len(conversations)} conversations in {shards} shards at {out}; {len(todo)} shards to do")

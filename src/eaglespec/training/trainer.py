@@ -332,7 +332,8 @@ def train(config: TrainConfig, log=print) -> State:
                 split = {k: train_set.manifest[k] for k in ("source", "max_len", "heldout_fraction", "seed")}
                 record = {"split": split, "train": asdict(config), "evals": state.evals,
                           "eval_seconds": state.eval_seconds,
-                          "train_conversations": len(train_set), "train_seconds": round(elapsed())}
+                          "train_conversations": len(train_set), "train_seconds": round(elapsed()),
+                          "feature_seconds": round(train_set.seconds, 1)}
                 save_head(head, out / "head", config.model, record)
                 plot_curves(state, out / "curves.png")
             save()
