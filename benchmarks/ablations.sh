@@ -74,14 +74,14 @@ case "${1:?usage: ablations.sh trees|heads|data}" in
         # the same features (with the hidden states an EAGLE-3 head reads) and BUDGET minutes of
         # training each, the lr decaying to 0 at the budget; fp32 target forwards for extraction
         # (faster than bf16 on CPUs without bf16 instructions)
-        BUDGET=${BUDGET:-10}
+        BUDGET=${BUDGET:-8}
         A=(--aux-layers eagle3 --dtype float32 --threads 2)
         $E extract --model $M --split heldout --limit 100 "${A[@]}" --out "$F/smollm2-aux-heldout"
-        $E extract --model $M --split train --limit 300 "${A[@]}" --out "$F/smollm2-aux-train300"
+        $E extract --model $M --split train --limit 192 "${A[@]}" --out "$F/smollm2-aux-train192"
         budget() {  # NAME [train options]
             local name=$1
             shift
-            $E train --model $M --train-features "$F/smollm2-aux-train300" --heldout-features "$F/smollm2-aux-heldout" \
+            $E train --model $M --train-features "$F/smollm2-aux-train192" --heldout-features "$F/smollm2-aux-heldout" \
                 --out "$RUNS/$name" --epochs 1000 --budget-minutes "$BUDGET" "${RECIPE[@]}" "$@"  # a finished run returns at once
             mkdir -p "$OUT/objectives" && cp "$RUNS/$name/head/config.json" "$OUT/objectives/$name.json"
         }

@@ -3,6 +3,7 @@ the unrolled training forward equals chain drafting, every objective and head ty
 saves and loads in its engine layout, and bad options fail before any work."""
 
 import json
+from dataclasses import replace
 
 import pytest
 import torch
@@ -180,3 +181,36 @@ def test_a_time_budget_decays_the_lr_to_zero_then_evaluates_and_ends(tiny4, feat
     assert (tmp_path / "budget" / "head" / "config.json").is_file()
     again = train(config, log=lambda m: None)  # a finished run does nothing more
     assert again.step == state.step and len(again.evals) == len(state.evals)
+
+
+def test_a_run_continues_from_a_saved_head_on_a_later_slice(tiny4, features, tmp_path, monkeypatch):
+    """The long program's stretches: the next slice of the split (--skip), training from the last
+    head's weights and draft vocabulary."""
+    from eaglespec.training import trainer as trainer_module
+    from eaglespec.training.data import ReadReport
+    from eaglespec.training.features import select
+
+    train(run_config(tiny4, features, tmp_path / "first", head_type="eagle3", loss="ce", aux_layers=AUX),
+          log=lambda m: None)
+    saved = load_head(str(tmp_path / "first" / "head"), tiny4)
+    seen = {}
+    real = trainer_module.conversation_loss
+
+    def spy(head, *args, **kwargs):  # the head as the first step sees it
+        seen.setdefault("fc", head.fc.weight.detach().clone())
+        seen.setdefault("vocab", head.draft_vocab)
+        return real(head, *args, **kwargs)
+
+    monkeypatch.setattr(trainer_module, "conversation_loss", spy)
+    later = run_config(tiny4, features, tmp_path / "later", head_type="eagle3", loss="ce",
+                       init=str(tmp_path / "first" / "head"), max_steps=1, draft_vocab=0)
+    train(later, log=lambda m: None)
+    assert torch.equal(seen["fc"], saved.fc.weight.float()) and torch.equal(seen["vocab"], saved.draft_vocab)
+    with pytest.raises(InvalidArgumentError, match="make them agree"):
+        train(run_config(tiny4, features, tmp_path / "bad", init=str(tmp_path / "first" / "head")), log=lambda m: None)
+    with pytest.raises(InvalidArgumentError, match="--init must be"):
+        run_config(tiny4, features, tmp_path / "bad", init=str(tmp_path / "nothing"))
+    # --skip: the slice after the first k conversations of the split
+    whole = ExtractConfig(str(tiny4.folder), source=FeatureSet(features / "train").manifest["source"], limit=6)
+    ids = [c.id for c in select(whole, ReadReport())]
+    assert [c.id for c in select(replace(whole, skip=4, limit=2), ReadReport())] == ids[4:6]

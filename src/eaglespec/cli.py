@@ -201,6 +201,7 @@ def show_data(model_spec: str, data: str, index: int) -> None:
                    "sources mix by weight: sharegpt:1,data/regenerated/MODEL:1.")
 @click.option("--split", type=click.Choice(["train", "heldout"]), default="train", show_default=True)
 @click.option("--limit", type=int, default=None, help="Conversations to take from the split (default: all).")
+@click.option("--skip", default=0, show_default=True, help="Conversations of the split passed over first.")
 @click.option("--max-len", default=2048, show_default=True, help="Tokens kept per conversation.")
 @click.option("--heldout-fraction", default=0.02, show_default=True)
 @click.option("--seed", default=0, show_default=True, help="Seed of the held-out split.")
@@ -213,8 +214,8 @@ def show_data(model_spec: str, data: str, index: int) -> None:
               help="cpu or cuda (under torchrun, each process uses its LOCAL_RANK's GPU).")
 @click.option("--out", required=True, type=click.Path(), help="Feature folder (resumable).")
 @click.option("--threads", default=None, type=int)
-def extract(model_spec, data, split, limit, max_len, heldout_fraction, seed, shard_size, aux_layers, dtype, device,
-            out, threads) -> None:
+def extract(model_spec, data, split, limit, skip, max_len, heldout_fraction, seed, shard_size, aux_layers, dtype,
+            device, out, threads) -> None:
     """Extract target features for training (resumable; runs unchanged under torchrun)."""
     import torch
 
@@ -228,7 +229,7 @@ def extract(model_spec, data, split, limit, max_len, heldout_fraction, seed, sha
         device = f"cuda:{os.environ.get('LOCAL_RANK', '0')}"
     target = load_target(model_spec, dtype, device)
     config = ExtractConfig(model_spec, data, split, limit, max_len, heldout_fraction, seed, shard_size,
-                           _aux_layers(aux_layers, target.model.config.num_layers), dtype)
+                           _aux_layers(aux_layers, target.model.config.num_layers), dtype, skip)
     rank, world = _world()
     summary = run_extract(target, config, out, rank, world)
     click.echo(f"{out}: {summary}")
@@ -309,8 +310,8 @@ def regenerate(model_spec, data, split, limit, turns, max_new_tokens, max_prompt
 @click.option("--no-autocast", is_flag=True, help="Train in fp32 even where bf16 autocast is available.")
 @click.option("--seed", default=0, show_default=True)
 @click.option("--budget-minutes", default=None, type=float,
-              help="Train this long in all (wall time over every stretch): the lr decays linearly to 0 at the "
-                   "budget, then the run evaluates and ends (--epochs becomes an upper bound).")
+              help="Train this long in all (over every stretch, evaluations not counted): the lr decays linearly "
+                   "to 0 at the budget, then the run evaluates and ends (--epochs becomes an upper bound).")
 @click.option("--max-minutes", default=None, type=float, help="Stop after this long; run again to resume.")
 @click.option("--max-steps", default=None, type=int, help="Stop once this many steps are done; run again to resume.")
 @click.option("--threads", default=None, type=int)

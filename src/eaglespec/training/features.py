@@ -45,6 +45,7 @@ class ExtractConfig:
     shard_size: int = 32  # conversations per shard
     aux_layers: tuple[int, ...] = ()  # EAGLE-3: also store the hidden states entering these layers
     dtype: str = "bfloat16"  # of the target forward (features are stored in bf16 either way)
+    skip: int = 0  # conversations of the split passed over first (slices of a long program)
 
 
 def parse_sources(spec: str) -> list[tuple[str, float]]:
@@ -79,20 +80,25 @@ def _split_of(source: str, config: ExtractConfig, report: ReadReport, limit: int
 
 
 def select(config: ExtractConfig, report: ReadReport) -> list[Conversation]:
-    """The split's conversations, in file order. With several weighted sources, each gives its
-    share of them (of `limit`, else as many as the scarcest source allows), interleaved evenly."""
+    """The split's conversations, in file order, after the first `skip`. With several weighted
+    sources, each gives its share of them (of skip + `limit`, else as many as the scarcest source
+    allows), interleaved evenly."""
+    if config.skip < 0 or (config.limit is not None and config.limit < 1):
+        raise InvalidArgumentError(f"--skip must be >= 0 and --limit >= 1, got {config.skip} and {config.limit}")
     sources = [(s, w) for s, w in parse_sources(config.source) if w > 0]
     total = sum(w for _, w in sources)
+    wanted = None if config.limit is None else config.skip + config.limit
     if len(sources) == 1:
-        chosen = _split_of(sources[0][0], config, report, config.limit)
+        chosen = _split_of(sources[0][0], config, report, wanted)
     else:
         found = [_split_of(s, config, report, None) for s, _ in sources]
-        n = config.limit if config.limit is not None else \
+        n = wanted if wanted is not None else \
             int(min(len(f) * total / w for f, (_, w) in zip(found, sources)))
         counts = [min(len(f), round(n * w / total)) for f, (_, w) in zip(found, sources)]
         # conversation i of a source that gives c sits at (i + 0.5) / c of the mix
         ordered = sorted(((i + 0.5) / c, k, f[i]) for k, (f, c) in enumerate(zip(found, counts)) for i in range(c))
         chosen = [conversation for _, _, conversation in ordered]
+    chosen = chosen[config.skip:]
     if not chosen:
         raise InvalidArgumentError(
             f"the {config.split} split of '{config.source}' has no conversation with an assistant turn; "

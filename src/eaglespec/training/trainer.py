@@ -27,7 +27,7 @@ import torch.distributed as dist
 from tqdm import tqdm
 
 from eaglespec.errors import InvalidArgumentError
-from eaglespec.heads.checkpoint import save_head
+from eaglespec.heads.checkpoint import load_head, save_head
 from eaglespec.heads.head import HEAD_TYPES, DraftHead, check_aux_layers, make_head
 from eaglespec.models.load import load_target
 from eaglespec.training.evaluate import evaluate, head_inputs, head_tokens
@@ -57,13 +57,15 @@ class TrainConfig:
     draft_vocab: int = 0  # 0: the full target vocabulary
     num_layers: int = 1
     input_variant: str = "feature+shifted-token"
-    init: str = "random"  # or "target-last-layer" (EAGLE-1; EAGLE-3 heads always start their LM head from the target's)
+    # "random", "target-last-layer" (EAGLE-1; EAGLE-3 heads always start their LM head from the
+    # target's) or a head folder to continue from (its weights and draft vocabulary; a fresh optimizer)
+    init: str = "random"
     device: str = "cpu"  # or "cuda" (under torchrun: each process its LOCAL_RANK's GPU)
     checkpoint_every: int = 50
     eval_limit: int | None = None  # held-out conversations scored each epoch
     autocast: bool = True
     seed: int = 0
-    budget_minutes: float | None = None  # train this long (wall time over all stretches): lr decays to 0 at it
+    budget_minutes: float | None = None  # train this long (all stretches, evaluations excluded): lr decays to 0 at it
     max_minutes: float | None = None  # stop (resumable) after this long in this run
     max_steps: int | None = None  # stop (resumable) once this many steps are done
 
@@ -80,14 +82,15 @@ class TrainConfig:
             if "feature" in terms:
                 raise InvalidArgumentError("an EAGLE-3 head predicts no target feature: drop the 'feature' loss "
                                            "term (EAGLE-3 trains on 'ce')")
-            if self.init != "random" or self.num_layers != 1 or self.input_variant != "feature+shifted-token":
-                raise InvalidArgumentError("--init, --layers and --input-variant are EAGLE-1 options")
+            if self.init == "target-last-layer" or self.num_layers != 1 or self.input_variant != "feature+shifted-token":
+                raise InvalidArgumentError("--init target-last-layer, --layers and --input-variant are EAGLE-1 options")
         elif self.aux_layers:
             raise InvalidArgumentError("--aux-layers is an EAGLE-3 option (an EAGLE-1 head reads the final feature)")
         if self.budget_minutes is not None and self.budget_minutes <= 0:
             raise InvalidArgumentError(f"--budget-minutes must be > 0, got {self.budget_minutes}")
-        if self.init not in ("random", "target-last-layer"):
-            raise InvalidArgumentError(f"init must be 'random' or 'target-last-layer', got '{self.init}'")
+        if self.init not in ("random", "target-last-layer") and not (Path(self.init) / "config.json").is_file():
+            raise InvalidArgumentError(
+                f"--init must be 'random', 'target-last-layer' or a head folder to continue from, got '{self.init}'")
         self.aux_layers = tuple(self.aux_layers)
 
     def same_run(self, other: dict) -> bool:
@@ -105,8 +108,9 @@ class State:
     step: int = 0
     history: list[dict] = field(default_factory=list)  # per optimizer step
     evals: list[dict] = field(default_factory=list)  # per epoch
-    eval_seconds: list[float] = field(default_factory=list)  # the run's wall time at each evaluation
+    eval_seconds: list[float] = field(default_factory=list)  # training time (evaluations excluded) at each evaluation
     seconds: float = 0.0  # wall time of the run so far, over all its stretches
+    evaluating: float = 0.0  # ... of which in held-out evaluations
     finished: bool = False  # the time budget is spent (and its last evaluation done)
 
 
@@ -206,21 +210,36 @@ def train(config: TrainConfig, log=print) -> State:
     train_set = FeatureSet(Path(config.train_dir))
     if train_set.manifest["model"] != config.model:
         raise InvalidArgumentError(f"{config.train_dir} holds features of {train_set.manifest['model']}, not {config.model}")
-    extracted = tuple(train_set.manifest.get("aux_layers", ()))
     heldout = FeatureSet(Path(config.heldout_dir)) if config.heldout_dir else None
-    vocab = draft_vocabulary(train_set, config.draft_vocab) if config.draft_vocab else None
+    start = None if config.init in ("random", "target-last-layer") else load_head(config.init, target)
+    if start is not None:
+        if start.head_type != config.head_type or (config.draft_vocab not in (0, start.vocab_size)):
+            raise InvalidArgumentError(
+                f"--init {config.init} is an {start.head_type} head over {start.vocab_size} draft tokens; this run "
+                f"trains an {config.head_type} head over {config.draft_vocab or 'its own'}: make them agree")
+        vocab = start.draft_vocab
+    else:
+        vocab = draft_vocabulary(train_set, config.draft_vocab) if config.draft_vocab else None
     torch.manual_seed(config.seed)
     if config.aux_layers:
         check_aux_layers(config.aux_layers, target.model.config.num_layers)
     head = make_head(target.model.config, config.head_type, num_layers=config.num_layers,
-                     input_variant=config.input_variant, aux_layers=config.aux_layers or None,
+                     input_variant=config.input_variant, aux_layers=config.aux_layers or (start.reads if start else None) or None,
                      draft_vocab_size=len(vocab) if vocab is not None else None).attach(target.model, vocab)
-    if head.reads and head.reads != extracted:
-        raise InvalidArgumentError(
-            f"{config.train_dir} holds the hidden states of target layers {list(extracted)}, but this EAGLE-3 head "
-            f"reads {list(head.reads)}: extract with --aux-layers {','.join(map(str, head.reads))} (or train with "
-            "the layers extracted)")
-    if config.init == "target-last-layer" or config.head_type == "eagle3":
+    for folder, features in ((config.train_dir, train_set), (config.heldout_dir, heldout)):
+        extracted = tuple(features.manifest.get("aux_layers", ())) if features else head.reads
+        if head.reads and head.reads != extracted:
+            raise InvalidArgumentError(
+                f"{folder} holds the hidden states of target layers {list(extracted)}, but this EAGLE-3 head "
+                f"reads {list(head.reads)}: extract with --aux-layers {','.join(map(str, head.reads))} (or train "
+                "with the layers extracted)")
+    if start is not None:
+        try:
+            head.load_state_dict(start.state_dict())
+        except RuntimeError:
+            raise InvalidArgumentError(f"the head at {config.init} has other shapes or layers than this run's head "
+                                       "(--layers, --aux-layers): make them agree") from None
+    elif config.init == "target-last-layer" or config.head_type == "eagle3":
         head.init_from_target(target.model)
     model = None
     if distributed:
@@ -249,6 +268,9 @@ def train(config: TrainConfig, log=print) -> State:
     def elapsed() -> float:
         return base_seconds + time.monotonic() - started
 
+    def training_seconds() -> float:  # what a time budget counts: evaluations excluded
+        return elapsed() - state.evaluating
+
     def save() -> None:
         state.seconds = elapsed()
         if rank == 0:
@@ -259,7 +281,7 @@ def train(config: TrainConfig, log=print) -> State:
         """With a time budget: the lr of the coming step (warmup by steps, then linear decay to 0
         at the budget) and whether the budget is spent; rank 0 decides for all."""
         warm = min(1.0, (state.step + 1) / config.warmup_steps) if config.warmup_steps else 1.0
-        left = 1 - elapsed() / (config.budget_minutes * 60)
+        left = 1 - training_seconds() / (config.budget_minutes * 60)
         decision = torch.tensor([config.lr * warm * max(left, 0.0), float(left <= 0)], dtype=torch.float64)
         if distributed:
             dist.broadcast(decision, 0)
@@ -320,10 +342,12 @@ def train(config: TrainConfig, log=print) -> State:
             if heldout is not None and rank == 0:
                 limit = len(heldout) if config.eval_limit is None else min(config.eval_limit, len(heldout))
                 head.eval()
+                before, trained = elapsed(), training_seconds()
                 result = evaluate(head, (heldout[i] for i in range(limit)))
                 head.train()
                 state.evals.append({"epoch": state.epoch + 1, "step": state.step, **result})
-                state.eval_seconds.append(round(elapsed(), 1))
+                state.eval_seconds.append(round(trained, 1))
+                state.evaluating += elapsed() - before
                 log(f"epoch {state.epoch + 1}: held-out alpha " + ", ".join(f"{a:.3f}" for a in result["alpha"]))
             state.epoch += 1
             state.batch = 0
