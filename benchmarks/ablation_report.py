@@ -17,15 +17,16 @@ RESULTS = Path(__file__).parent / "results" / "ablations"
 
 
 def objectives_table(paths: list[Path]) -> str:
-    lines = ["| head | type | loss | unrolled steps | training minutes | steps | epochs | held-out 0-alpha "
-             "| 1-alpha | 2-alpha | 3-alpha | 4-alpha |", "|" + "---|" * 12]
+    lines = ["| head | type | loss | unrolled steps | training minutes | wall minutes, evaluations included | steps "
+             "| epochs | held-out 0-alpha | 1-alpha | 2-alpha | 3-alpha | 4-alpha |", "|" + "---|" * 13]
     for path in paths:
         meta = json.loads(path.read_text())["eaglespec"]
         train, last = meta["train"], meta["evals"][-1]
         epochs = last["step"] * train["batch_conversations"] / meta["train_conversations"]
         alphas = " | ".join(f"{a:.3f}" for a in last["alpha"])
         lines.append(f"| {path.stem} | {train['head_type']} | {train['loss']} | {train['unroll']} "
-                     f"| {meta['train_seconds'] / 60:.1f} | {last['step']} | {epochs:.2f} | {alphas} |")
+                     f"| {meta['eval_seconds'][-1] / 60:.1f} | {meta['train_seconds'] / 60:.1f} | {last['step']} "
+                     f"| {epochs:.2f} | {alphas} |")
     return "\n".join(lines)
 
 
