@@ -244,7 +244,7 @@ def extract(model_spec, data, split, limit, skip, max_len, heldout_fraction, see
 @click.option("--max-new-tokens", default=512, show_default=True, help="Tokens per answer.")
 @click.option("--max-prompt-tokens", default=1024, show_default=True,
               help="A conversation ends before an answer whose prompt is longer.")
-@click.option("--method", default="pld", show_default=True,
+@click.option("--method", default="vanilla", show_default=True,
               help="Drafting method of the decoding loop (greedy output is the target's whatever the method).")
 @click.option("--head", "head_spec", default="default", show_default=True, help="EAGLE head, for --method eagle.")
 @click.option("--heldout-fraction", default=0.02, show_default=True)
