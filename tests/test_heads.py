@@ -175,6 +175,8 @@ def test_a_time_budget_decays_the_lr_to_zero_then_evaluates_and_ends(tiny4, feat
     config = run_config(tiny4, features, tmp_path / "budget", epochs=1000, budget_minutes=0.03)
     state = train(config, log=lambda m: None)
     assert state.finished and 0 < state.epoch < 1000 and state.evals[-1]["step"] == state.step
+    steps = [e["step"] for e in state.evals]
+    assert steps == sorted(set(steps))  # no evaluation twice of the same weights
     lrs = [h["lr"] for h in state.history]
     assert lrs[1] > lrs[-1] >= 0
     assert all(b <= a for a, b in zip(lrs[2:], lrs[3:]))  # after the warmup (2 steps), only down

@@ -253,7 +253,7 @@ def test_regenerated_answers_are_the_targets_own_and_resume(tiny, dataset, tmp_p
         regenerate(tiny, replace(config, max_new_tokens=5), out)
 
 
-def test_eval_head_command_reports_n_alpha(cfg, tiny):
+def test_eval_head_command_reports_n_alpha(cfg, tiny, dataset, tmp_path):
     from click.testing import CliRunner
 
     from eaglespec.cli import main
@@ -265,3 +265,15 @@ def test_eval_head_command_reports_n_alpha(cfg, tiny):
     report = json.loads(result.stdout)
     assert len(report["alpha"]) == 5 and report["tokens_scored"] > 0 and report["conversations"] == 3
     assert all(0 <= a <= 1 for a in report["alpha"])
+    # on the target's own answers to the held-out prompts
+    from eaglespec.training.regenerate import RegenerateConfig, regenerate
+
+    own = tmp_path / "own"
+    regenerate(tiny, RegenerateConfig(str(tiny.folder), str(dataset), split="heldout",
+                                      limit=3, max_new_tokens=8, heldout_fraction=0.2), own)
+    result = CliRunner().invoke(main, ["eval-head", "--model", str(tiny.folder), "--head", cfg("evalcli").out + "/head",
+                                       "--data", str(own), "--limit", "3", "--dtype", "float32", "--json"])
+    assert result.exit_code == 0, result.output
+    on_own = json.loads(result.stdout)
+    assert on_own["data"] == str(own) and on_own["conversations"] == 3
+    assert 0 < on_own["tokens_scored"] < report["tokens_scored"]  # answers of at most 8 tokens

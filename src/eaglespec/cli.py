@@ -304,7 +304,9 @@ def regenerate(model_spec, data, split, limit, turns, max_new_tokens, max_prompt
 @click.option("--layers", "num_layers", default=1, show_default=True)
 @click.option("--input-variant", default="feature+shifted-token", show_default=True,
               type=click.Choice(["feature+shifted-token", "feature+unshifted-token", "feature", "token"]))
-@click.option("--init", default="random", show_default=True, type=click.Choice(["random", "target-last-layer"]))
+@click.option("--init", default="random", show_default=True,
+              help="random, target-last-layer (EAGLE-1) or a head folder to continue from (its weights and "
+                   "draft vocabulary; a fresh optimizer and schedule).")
 @click.option("--checkpoint-every", default=50, show_default=True)
 @click.option("--eval-limit", default=None, type=int, help="Held-out conversations scored each epoch.")
 @click.option("--no-autocast", is_flag=True, help="Train in fp32 even where bf16 autocast is available.")
@@ -348,11 +350,14 @@ def train(model_spec, train_dir, heldout_dir, out, epochs, lr, beta1, beta2, wei
 @click.option("--model", "model_spec", default=DEFAULT_MODEL, show_default=True)
 @click.option("--head", "head_spec", default="default", show_default=True, help="Head folder or 'default'.")
 @click.option("--limit", default=50, show_default=True, help="Held-out conversations to score.")
+@click.option("--data", default=None,
+              help="Score the held-out split of this source instead of the head's training source, e.g. the "
+                   "target's own answers: a folder from `eaglespec regenerate --split heldout`.")
 @click.option("--depth", default=4, show_default=True, help="Highest n of n-alpha.")
 @click.option("--dtype", type=click.Choice(["bfloat16", "float32"]), default="bfloat16", show_default=True)
 @click.option("--threads", default=None, type=int)
 @click.option("--json", "as_json", is_flag=True)
-def eval_head(model_spec, head_spec, limit, depth, dtype, threads, as_json) -> None:
+def eval_head(model_spec, head_spec, limit, data, depth, dtype, threads, as_json) -> None:
     """Held-out n-alpha of a head: its top-1 agreement with the target's greedy token."""
     import torch
 
@@ -360,12 +365,13 @@ def eval_head(model_spec, head_spec, limit, depth, dtype, threads, as_json) -> N
 
     if threads:
         torch.set_num_threads(threads)
-    result = held_out_alpha(model_spec, head_spec, limit, depth, dtype)
+    result = held_out_alpha(model_spec, head_spec, limit, depth, dtype, data)
     if as_json:
         click.echo(json.dumps(result))
     else:
         click.echo(", ".join(f"{n}-alpha {a:.3f}" for n, a in enumerate(result["alpha"]))
-                   + f" over {result['tokens_scored']} tokens of {result['conversations']} held-out conversations")
+                   + f" over {result['tokens_scored']} tokens of {result['conversations']} held-out conversations"
+                   + f" of {result['data']}")
 
 
 @main.command()

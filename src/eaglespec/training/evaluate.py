@@ -69,8 +69,11 @@ def evaluate(head: DraftHead, samples, depth: int = 4) -> dict:
     return {"alpha": [c / n if n else 0.0 for c, n in zip(correct, counts)], "tokens_scored": counts[0]}
 
 
-def held_out_alpha(model: str, head_spec: str, limit: int, depth: int = 4, dtype: str = "bfloat16") -> dict:
-    """n-alpha of a head on the held-out conversations of the data split it was trained with.
+def held_out_alpha(model: str, head_spec: str, limit: int, depth: int = 4, dtype: str = "bfloat16",
+                   data: str | None = None) -> dict:
+    """n-alpha of a head on the held-out conversations of the data split it was trained with, or
+    on those of `data` (another source split the same way, e.g. the target's own answers to the
+    held-out prompts from `eaglespec regenerate --split heldout`).
 
     Features come from a target forward of each conversation (nothing is written to disk).
     """
@@ -83,7 +86,7 @@ def held_out_alpha(model: str, head_spec: str, limit: int, depth: int = 4, dtype
     head = load_head(head_spec, target)
     trained = json.loads((resolve_head(head_spec, target.name) / "config.json").read_text())
     split = trained.get("eaglespec", {}).get("split", {})
-    config = ExtractConfig(model, split.get("source", "sharegpt"), "heldout", limit,
+    config = ExtractConfig(model, data or split.get("source", "sharegpt"), "heldout", limit,
                            split.get("max_len", 2048), split.get("heldout_fraction", 0.02), split.get("seed", 0))
     conversations = select(config, ReadReport())
 
@@ -92,5 +95,5 @@ def held_out_alpha(model: str, head_spec: str, limit: int, depth: int = 4, dtype
             ids, mask = render(target.tokenizer, conversation, config.max_len)
             yield {"tokens": torch.tensor(ids), "loss_mask": torch.tensor(mask), **target_outputs(target, ids, head.reads)}
 
-    return {"model": model, "head": head_spec, **evaluate(head, samples(), depth),
+    return {"model": model, "head": head_spec, "data": config.source, **evaluate(head, samples(), depth),
             "conversations": len(conversations)}

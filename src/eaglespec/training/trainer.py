@@ -337,6 +337,10 @@ def train(config: TrainConfig, log=print) -> State:
                     save()
                     log(f"stopped at step {state.step}; run the same command again to resume")
                     return state
+            if spent and state.batch == 0:  # the budget ran out with the last epoch, evaluated already
+                state.finished = True
+                save()
+                break
             # the epoch (or the budget's last part of one) counts as done once evaluated: an
             # interrupted evaluation runs again on resume
             if heldout is not None and rank == 0:

@@ -1,0 +1,203 @@
+"""The long training program: a model's head improved in stretches, each on ShareGPT conversations
+it has not seen, with the CPU time behind every step recorded (acceptance per CPU hour).
+
+    .venv/bin/python benchmarks/program.py smollm2-135m-instruct            # one stretch
+    .venv/bin/python benchmarks/program.py smollm2-135m-instruct --plot-only
+
+A stretch extracts the next slice of the training split (the conversations after those of earlier
+stretches), trains the current head (`heads/MODEL`) on it for the recipe's budget, measures the
+result the same way as the starting point (held-out n-alpha through `eval-head`, fp32; tau on MT-bench
+through `bench`), and replaces `heads/MODEL` only if its expected chain length (1 + a0 + a0 a1 +
+...) grew. Stretch 0 measures the head it starts from. The ledger
+`benchmarks/results/program/MODEL.json` keeps each stretch's slice, commands, seconds and figures;
+`program.png` plots them against CPU hours. Every step resumes where it stopped (extraction
+shards, training checkpoints); the cache holds the work of the current stretch only, so a stretch
+should fit in one session (commit the ledger and the head after each).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT / "src"))
+
+from eaglespec.files import write_json  # noqa: E402
+
+RESULTS = ROOT / "benchmarks" / "results" / "program"
+CACHE = Path(os.environ.get("EAGLESPEC_CACHE", Path.home() / ".cache" / "eaglespec")) / "program"
+E = str(ROOT / ".venv" / "bin" / "eaglespec")
+HELDOUT = 50  # held-out conversations scored
+BENCH = ["--dataset", "mt-bench", "--limit", "5", "--methods", "vanilla,eagle", "--temperature", "0",
+         "--max-new-tokens", "128", "--threads", "2"]
+
+# Per model: the slice of new conversations per stretch and the training recipe (the head's own
+# options: type, draft vocabulary, layers come from the head it continues).
+RECIPES = {
+    "smollm2-135m-instruct": {
+        "conversations": 500,
+        "train": ["--loss", "feature:1,ce:0.1", "--unroll", "3", "--lr", "3e-4", "--warmup-steps", "10",
+                  "--batch", "8", "--budget-minutes", "60", "--epochs", "100", "--checkpoint-every", "10",
+                  "--eval-limit", "20"],
+    },
+    "qwen2.5-coder-0.5b-instruct": {
+        "conversations": 200,
+        "train": ["--loss", "feature:1,ce:0.1", "--unroll", "3", "--lr", "3e-4", "--warmup-steps", "10",
+                  "--batch", "8", "--budget-minutes", "60", "--epochs", "100", "--checkpoint-every", "10",
+                  "--eval-limit", "20"],
+    },
+}
+
+
+def run(command: list[str]) -> float:
+    """Run a command (printed first); its wall seconds."""
+    print("+ " + " ".join(command), flush=True)
+    started = time.monotonic()
+    subprocess.run(command, check=True, cwd=ROOT)
+    return time.monotonic() - started
+
+
+def chain_length(alpha: list[float]) -> float:
+    """Expected tokens per round of a chain drafted len(alpha) deep: 1 + a0 + a0 a1 + ..."""
+    total, reach = 1.0, 1.0
+    for a in alpha:
+        reach *= a
+        total += reach
+    return total
+
+
+def held_out(model: str, head: str, path: Path, data: Path | None = None) -> dict:
+    """`eval-head` (fp32 target forward: faster than bf16 on CPUs without bf16 instructions) on
+    the held-out human answers, or on `data`'s."""
+    if not path.is_file():
+        command = [E, "eval-head", "--model", model, "--head", head, "--limit", str(HELDOUT), "--threads", "2",
+                   "--dtype", "float32", "--json", *(["--data", str(data)] if data else [])]
+        print("+ " + " ".join(command), flush=True)
+        out = subprocess.run(command, check=True, cwd=ROOT, capture_output=True, text=True)
+        write_json(json.loads(out.stdout.strip().splitlines()[-1]), path)
+    return json.loads(path.read_text())
+
+
+def measure(model: str, head: str, work: Path) -> dict:
+    """Held-out n-alpha on human answers and, where the target's own answers to the held-out
+    prompts are committed (`data/regenerated/MODEL-heldout`), on those; MT-bench tau."""
+    found = held_out(model, head, work / "alpha.json")
+    own = ROOT / "data" / "regenerated" / f"{model}-heldout"
+    extra = {"alpha_own_text": held_out(model, head, work / "alpha-own.json", own)["alpha"]} if own.is_dir() else {}
+    bench = work / "bench.json"
+    if not bench.is_file():
+        run([E, "bench", "--model", model, "--head", head, *BENCH, "--out", str(bench)])
+    report = json.loads(bench.read_text())
+    eagle = next(v for k, v in report["methods"].items() if k.startswith("eagle"))
+    return {"alpha": found["alpha"], "chain_length": round(chain_length(found["alpha"]), 4),
+            "tokens_scored": found["tokens_scored"], "mt_bench_tau": eagle["tau"],
+            "mt_bench_speedup": eagle["speedup"], "mt_bench_tokens_per_s": eagle["tokens_per_s"],
+            "vanilla_tokens_per_s": report["methods"]["vanilla"]["tokens_per_s"], **extra}
+
+
+def stretch(model: str) -> None:
+    recipe = RECIPES[model]
+    ledger_path = RESULTS / f"{model}.json"
+    ledger = json.loads(ledger_path.read_text()) if ledger_path.is_file() else {"model": model, "stretches": []}
+    stretches = ledger["stretches"]
+    n = len(stretches)
+    work = CACHE / model / f"stretch-{n}"
+    work.mkdir(parents=True, exist_ok=True)
+    head = ROOT / "heads" / model
+    if n == 0:  # the starting point: the shipped head as it is
+        entry = {"stretch": 0, "conversations": 0, "skip": 0, "extract_seconds": 0.0, "train_seconds": 0.0,
+                 "note": "the head shipped before the program", **measure(model, str(head), work)}
+    else:
+        skip = sum(s["conversations"] for s in stretches)
+        features = work / "train"
+        extract = [E, "extract", "--model", model, "--split", "train", "--skip", str(skip),
+                   "--limit", str(recipe["conversations"]), "--dtype", "float32", "--threads", "2",
+                   "--out", str(features)]
+        extract_seconds = run(extract)
+        heldout = CACHE / model / "heldout"
+        run([E, "extract", "--model", model, "--split", "heldout", "--limit", str(HELDOUT), "--dtype", "float32",
+             "--threads", "2", "--out", str(heldout)])
+        train = [E, "train", "--model", model, "--train-features", str(features), "--heldout-features", str(heldout),
+                 "--init", str(head), "--out", str(work / "run"), "--threads", "2", *recipe["train"]]
+        run(train)
+        trained = json.loads((work / "run" / "head" / "config.json").read_text())["eaglespec"]
+        from eaglespec.training.features import FeatureSet
+
+        entry = {"stretch": n, "conversations": recipe["conversations"], "skip": skip,
+                 "tokens": FeatureSet(features).tokens(),
+                 # what the features cost (shard wall times) and what training cost (evaluations excluded)
+                 "extract_seconds": round(trained["feature_seconds"], 1),
+                 "train_seconds": trained["eval_seconds"][-1] if trained["eval_seconds"] else trained["train_seconds"],
+                 "commands": [" ".join(extract[1:]), " ".join(train[1:])],
+                 "train_evals": trained["evals"], **measure(model, str(work / "run" / "head"), work)}
+        best = max(s["chain_length"] for s in stretches)
+        entry["kept"] = entry["chain_length"] > best
+        if entry["kept"]:
+            tmp = head.with_name(f".{model}.tmp")
+            shutil.rmtree(tmp, ignore_errors=True)
+            shutil.copytree(work / "run" / "head", tmp)
+            shutil.copy(work / "run" / "curves.png", tmp / "curves.png")
+            write_json({"model": model, "head": "default", "alpha": entry["alpha"],
+                        "tokens_scored": entry["tokens_scored"], "conversations": HELDOUT}, tmp / "eval.json")
+            shutil.rmtree(head)
+            os.replace(tmp, head)
+    hours = sum(s["extract_seconds"] + s["train_seconds"] for s in [*stretches, entry]) / 3600
+    entry["cpu_hours"] = round(hours, 3)
+    stretches.append(entry)
+    RESULTS.mkdir(parents=True, exist_ok=True)
+    write_json(ledger, ledger_path)
+    print(f"stretch {n}: alpha {', '.join(f'{a:.3f}' for a in entry['alpha'])}, tau {entry['mt_bench_tau']:.2f}, "
+          f"{hours:.2f} CPU hours in all" + ("" if n == 0 else f"; {'kept' if entry['kept'] else 'not kept'}"))
+    plot()
+
+
+def plot() -> None:
+    """program.png: held-out 0-alpha and MT-bench tau against CPU hours, one line per model."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, (a, b) = plt.subplots(1, 2, figsize=(11, 4))
+    for path in sorted(RESULTS.glob("*.json")):
+        ledger = json.loads(path.read_text())
+        rows = ledger["stretches"]
+        hours = [s["cpu_hours"] for s in rows]
+        a.plot(hours, [s["alpha"][0] for s in rows], marker="o", label=f"{ledger['model']} 0-alpha")
+        a.plot(hours, [s["alpha"][2] for s in rows], marker="x", linestyle="--", label=f"{ledger['model']} 2-alpha")
+        b.plot(hours, [s["mt_bench_tau"] for s in rows], marker="o", label=ledger["model"])
+    a.set_xlabel("CPU hours of the program (extraction + training)")
+    a.set_ylabel("held-out n-alpha")
+    b.set_xlabel("CPU hours of the program (extraction + training)")
+    b.set_ylabel("MT-bench tau (greedy, eagle auto)")
+    for axis in (a, b):
+        axis.grid(alpha=0.3)
+        axis.legend(fontsize=8)
+    fig.tight_layout()
+    out = RESULTS / "program.png"
+    tmp = out.with_name(".program.tmp.png")
+    fig.savefig(tmp, dpi=100)
+    os.replace(tmp, out)
+    plt.close(fig)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("model", choices=sorted(RECIPES))
+    parser.add_argument("--plot-only", action="store_true")
+    args = parser.parse_args()
+    if args.plot_only:
+        plot()
+    else:
+        stretch(args.model)
+
+
+if __name__ == "__main__":
+    main()
