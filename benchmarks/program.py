@@ -2,7 +2,7 @@
 it has not seen, with the CPU time behind every step recorded (acceptance per CPU hour).
 
     .venv/bin/python benchmarks/program.py smollm2-135m-instruct            # one stretch
-    .venv/bin/python benchmarks/program.py smollm2-135m-instruct --plot-only
+    .venv/bin/python benchmarks/program.py --report     # program.png and the README table
 
 A stretch extracts the next slice of the training split (the conversations after those of earlier
 stretches), trains the current head (`heads/MODEL`) on it for the recipe's budget, measures the
@@ -44,7 +44,7 @@ RECIPES = {
     "smollm2-135m-instruct": {
         "conversations": 500,
         "train": ["--loss", "feature:1,ce:0.1", "--unroll", "3", "--lr", "3e-4", "--warmup-steps", "10",
-                  "--batch", "8", "--budget-minutes", "60", "--epochs", "100", "--checkpoint-every", "10",
+                  "--batch", "8", "--budget-minutes", "40", "--epochs", "100", "--checkpoint-every", "10",
                   "--eval-limit", "20"],
     },
     "qwen2.5-coder-0.5b-instruct": {
@@ -188,15 +188,32 @@ def plot() -> None:
     plt.close(fig)
 
 
+def table() -> str:
+    """The README's table: one row per stretch of every model."""
+    lines = ["| model | stretch | new conversations (tokens) | CPU hours in all | held-out 0..4-alpha | "
+             "chain length | MT-bench tau | kept |", "|---|---|---|---|---|---|---|---|"]
+    for path in sorted(RESULTS.glob("*.json")):
+        ledger = json.loads(path.read_text())
+        for s in ledger["stretches"]:
+            data = "the starting head" if s["stretch"] == 0 else f"{s['conversations']} ({s['tokens']:,})"
+            lines.append(f"| {ledger['model']} | {s['stretch']} | {data} | {s['cpu_hours']:.2f} | "
+                         f"{', '.join(f'{a:.3f}' for a in s['alpha'])} | {s['chain_length']:.3f} | "
+                         f"{s['mt_bench_tau']:.2f} | {'-' if s['stretch'] == 0 else ('yes' if s['kept'] else 'no')} |")
+    return "\n".join(lines)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("model", choices=sorted(RECIPES))
-    parser.add_argument("--plot-only", action="store_true")
+    parser.add_argument("model", nargs="?", choices=sorted(RECIPES))
+    parser.add_argument("--report", action="store_true", help="Redraw program.png and print the README table.")
     args = parser.parse_args()
-    if args.plot_only:
+    if args.report:
         plot()
-    else:
+        print(table())
+    elif args.model:
         stretch(args.model)
+    else:
+        parser.error("give a MODEL for one stretch, or --report")
 
 
 if __name__ == "__main__":

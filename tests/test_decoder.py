@@ -91,6 +91,34 @@ def test_tree_forward_equals_each_path(family):
             assert (tree_features[:, path] - features[:, 6:]).abs().max() < 1e-4
 
 
+@pytest.mark.parametrize("weights", ["dense", "int8", "int4"])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("family", ["llama", "qwen2", "mistral"])
+def test_a_tree_row_gets_the_numbers_of_one_token_decoding(family, dtype, weights):
+    """Bit for bit, in every dtype and weight format: a node verified inside a tree (beside other
+    rows, with masked keys) gets exactly the logits that decoding its path one token at a time
+    gives, which is what makes greedy speculative output equal vanilla's."""
+    from eaglespec.models.quantize import quantize
+
+    _, ours = tiny_pair(family)
+    quantize(ours, weights, dtype)
+    ours.pack_weights()  # as load_target does (oneDNN packing, where the CPU has bf16 support)
+    g = torch.Generator().manual_seed(6)
+    prefix = torch.randint(0, 97, (1, 70), generator=g)  # more than one key block (64)
+    nodes = torch.randint(0, 97, (1, len(TREE_PARENTS)), generator=g)
+    positions, mask = tree_inputs(TREE_PARENTS, start=70)
+    with torch.inference_mode():
+        cache = ours.new_cache(90)
+        ours(prefix, cache)
+        tree_logits, _ = ours(nodes, cache, positions=positions, mask=mask)
+        for path in tree_paths(TREE_PARENTS):
+            cache = ours.new_cache(90)
+            ours(prefix, cache)
+            for node in path:
+                logits, _ = ours(nodes[:, node:node + 1], cache)
+                assert torch.equal(logits[0, 0], tree_logits[0, node])
+
+
 def test_tree_forward_on_smollm2(smollm2):
     model = smollm2.model
     prefix = smollm2.tokenizer("Speculative decoding verifies a tree", return_tensors="pt").input_ids

@@ -50,10 +50,11 @@ class Model:
 
 
 def load(model: str = DEFAULT_MODEL, head: str | None = "default", dtype: str = "bfloat16",
-         device: str = "cpu", draft_model: str | None = None) -> Model:
+         device: str = "cpu", draft_model: str | None = None, weights: str = "dense") -> Model:
     """Load a target (bundled name, Hugging Face folder or .gguf), an EAGLE head for it
     ('default': the shipped one; a folder from `eaglespec train`; None: no head) and optionally
-    a smaller draft model with the same tokenizer for classic speculative sampling."""
-    target = load_target(model, dtype, device)
-    draft = load_target(draft_model, dtype, device) if draft_model else None
+    a smaller draft model with the same tokenizer for classic speculative sampling. `weights`
+    int8 / int4 runs the target's matrices quantized (CPU)."""
+    target = load_target(model, dtype, device, weights)
+    draft = load_target(draft_model, dtype, device, weights) if draft_model else None
     return Model(target, load_head(head, target) if head is not None else None, draft)

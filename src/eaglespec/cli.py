@@ -75,6 +75,9 @@ def fetch(name: str) -> None:
 @click.option("--stop", multiple=True, help="Stop string (repeatable); the text ends before it.")
 @click.option("--ignore-eos", is_flag=True, help="Keep generating past EOS (for benchmarks).")
 @click.option("--dtype", type=click.Choice(["bfloat16", "float32"]), default="bfloat16", show_default=True)
+@click.option("--weights", type=click.Choice(["dense", "int8", "int4"]), default="dense", show_default=True,
+              help="Target weight format: dense (--dtype), or int8 / int4 weight-only quantized matrices run by "
+                   "torch's CPU kernels (int4 keeps a Q4_1 GGUF's own 4-bit weights).")
 @click.option("--method", default="vanilla", show_default=True,
               help="vanilla | eagle[:TREE] | sps[:K] (with --draft-model) | pld[:K]; --tree sets eagle's tree.")
 @click.option("--head", "head_spec", default="default", show_default=True,
@@ -89,7 +92,7 @@ def fetch(name: str) -> None:
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object instead of streaming text.")
 def generate(model_spec: str, prompt: str, chat: bool, max_new_tokens: int, temperature: float,
              top_p: float, top_k: int, seed: int | None, stop: tuple[str, ...], ignore_eos: bool,
-             dtype: str, method: str, head_spec: str, tree: str, draft_model: str | None,
+             dtype: str, weights: str, method: str, head_spec: str, tree: str, draft_model: str | None,
              compare_vanilla: bool, device: str, threads: int | None, as_json: bool) -> None:
     """Generate text, streamed as it is produced, with timing on stderr."""
     import torch
@@ -111,9 +114,9 @@ def generate(model_spec: str, prompt: str, chat: bool, max_new_tokens: int, temp
         parse_method(method)  # raises: sps needs a draft model
     if threads:
         torch.set_num_threads(threads)
-    target = load_target(model_spec, dtype, device)
+    target = load_target(model_spec, dtype, device, weights)
     head = load_head(head_spec, target) if name == "eagle" else None
-    draft = load_target(draft_model, dtype, device) if name == "sps" and draft_model else None
+    draft = load_target(draft_model, dtype, device, weights) if name == "sps" and draft_model else None
     drafting = parse_method(method, head, draft)
     settings = {"chat": chat, "max_new_tokens": max_new_tokens, "temperature": temperature, "top_p": top_p,
                 "top_k": top_k, "seed": seed, "stop_strings": stop, "ignore_eos": ignore_eos}
@@ -124,7 +127,7 @@ def generate(model_spec: str, prompt: str, chat: bool, max_new_tokens: int, temp
     if as_json:
         for _ in generation:
             pass
-        result = {"model": model_spec, "dtype": dtype, **generation.output.to_dict()}
+        result = {"model": model_spec, "dtype": dtype, "weights": weights, **generation.output.to_dict()}
     else:
         for piece in generation:
             click.echo(piece, nl=False)
@@ -388,12 +391,15 @@ def eval_head(model_spec, head_spec, limit, data, depth, dtype, threads, as_json
 @click.option("--draft-model", default=None,
               help="Draft model for sps and hf-assisted (default: the bundled smaller model of the family).")
 @click.option("--dtype", type=click.Choice(["bfloat16", "float32"]), default="bfloat16", show_default=True)
+@click.option("--weights", type=click.Choice(["dense", "int8", "int4"]), default="dense", show_default=True,
+              help="Target weight format: dense (--dtype), or int8 / int4 weight-only quantized matrices run by "
+                   "torch's CPU kernels (int4 keeps a Q4_1 GGUF's own 4-bit weights).")
 @click.option("--device", default="cpu", show_default=True)
 @click.option("--threads", default=None, type=int, help="torch CPU threads (default: torch's choice).")
 @click.option("--seed", default=0, show_default=True, help="Seed of the first item (sampling).")
 @click.option("--out", required=True, type=click.Path(dir_okay=False), help="Results JSON; PNG plots go beside it.")
-def bench(model_spec, head_spec, dataset, limit, methods, temperature, max_new_tokens, draft_model, dtype, device,
-          threads, seed, out) -> None:
+def bench(model_spec, head_spec, dataset, limit, methods, temperature, max_new_tokens, draft_model, dtype, weights,
+          device, threads, seed, out) -> None:
     """Every method side by side on one dataset: tokens/s, speedup over vanilla, tau, memory."""
     from pathlib import Path
 
@@ -421,7 +427,7 @@ def bench(model_spec, head_spec, dataset, limit, methods, temperature, max_new_t
         torch.set_num_threads(threads)
     config = BenchConfig(model=model_spec, dataset=dataset, methods=specs, head=head_spec, draft_model=draft_model,
                          limit=limit or None, temperature=temperature, max_new_tokens=max_new_tokens, dtype=dtype,
-                         device=device, seed=seed)
+                         weights=weights, device=device, seed=seed)
     result = Bench(config).run()
     write_json(result, out)
     plot_speedups([result], out.with_name(out.stem + "-speedup.png"))

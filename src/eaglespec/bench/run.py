@@ -43,6 +43,7 @@ class BenchConfig:
     temperature: float = 0.0
     max_new_tokens: int = 128
     dtype: str = "bfloat16"
+    weights: str = "dense"  # or int8 / int4 (the target's and the draft model's)
     device: str = "cpu"
     seed: int = 0
 
@@ -101,13 +102,13 @@ class Bench:
         self.config = BenchConfig(**(asdict(config) | {"methods": methods}))
         check_methods(methods, config.draft_model)
         self.items = load_items(config.dataset, config.limit)
-        self.target = load_target(config.model, config.dtype, config.device)
+        self.target = load_target(config.model, config.dtype, config.device, config.weights)
         chat_ids(self.target, [{"role": "user", "content": "x"}])  # refuses a model without a chat template
         needs = {method_name(m) if m not in REFERENCES else m for m in methods}
         self.head = load_head(config.head, self.target) if "eagle" in needs and config.head else None
         self.draft = None
         if needs & {"sps", "hf-assisted"}:
-            self.draft = load_target(config.draft_model, config.dtype, config.device)
+            self.draft = load_target(config.draft_model, config.dtype, config.device, config.weights)
             check_draft_model(self.target, self.draft)
         self.ours = {m: parse_method(m, self.head, self.draft) for m in methods if m not in REFERENCES}
         self.hf = self.hf_draft = None
@@ -232,7 +233,8 @@ def markdown(result: dict) -> str:
     head = ["method", "tokens/s", "speedup (median)", "speedup (mean)", *(f"vs {b}" for b in refs), "tau",
             "0/1/2-alpha (chains)", "peak MiB"]
     title = (f"{c['model']} on {c['dataset']} ({result['items']} items, {result['turns']} turns), "
-             f"temperature {c['temperature']:g}, max {c['max_new_tokens']} new tokens, {c['dtype']}, "
+             f"temperature {c['temperature']:g}, max {c['max_new_tokens']} new tokens, {c['dtype']}"
+             f"{'' if c.get('weights', 'dense') == 'dense' else ' with ' + c['weights'] + ' weights'}, "
              f"{result['machine']['threads']} threads")
     lines = [title, "", "| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for spec, s in methods.items():

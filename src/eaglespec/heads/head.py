@@ -66,7 +66,7 @@ class DraftHead(Stack):
     def attach(self, target: Decoder, draft_vocab: Tensor | None = None) -> DraftHead:
         """Share the target's frozen embedding and LM head (sliced to the draft vocabulary)."""
         self.embed_weight = target.embed.weight.detach()
-        lm = target.lm_head.weight.detach()
+        lm = target.lm_head.weight.detach().to(target.weight_like.dtype)  # (a quantized LM head dequantized once)
         self.draft_vocab = None if draft_vocab is None else draft_vocab.to(lm.device, torch.long)
         self.target_lm = lm if draft_vocab is None else lm[self.draft_vocab].contiguous()
         return self

@@ -15,6 +15,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from eaglespec.models.config import ModelConfig
+from eaglespec.models.kernels import row_attention
 from eaglespec.timing import Clock
 
 
@@ -47,12 +48,27 @@ class KVCache:
         self.written = n
 
 
+ROW_ALIGN = 4  # CPU fp32 GEMMs (MKL) give a row the same result for any row count that is a multiple of 4
+
+
+def pad_rows(x: Tensor, rows: int) -> Tensor:
+    """x [..., M, K] with zero rows appended up to `rows`."""
+    return x if x.shape[-2] == rows else F.pad(x, (0, 0, 0, rows - x.shape[-2]))
+
+
+def aligned_rows(M: int) -> int:
+    return -(-M // ROW_ALIGN) * ROW_ALIGN
+
+
 class Linear(nn.Linear):
-    """nn.Linear whose weight can be pre-packed for oneDNN.
+    """nn.Linear whose weight can be pre-packed for oneDNN, and whose rows do not depend on each
+    other: a row's result is the same whatever number of rows the call carries, as verification
+    needs (tested in test_decoder.py).
 
     For bf16 on a CPU with bf16 support, a packed weight makes the memory-bound small-batch
     products of decoding about 1.6x faster with bit-identical results (fp32 packing changes
-    the rounding, so fp32 stays unpacked and exact).
+    the rounding, so fp32 stays unpacked). bf16 products are row-invariant as they are; fp32 ones
+    (MKL) at row counts that are multiples of ROW_ALIGN, so fp32 inputs are padded to one.
     """
 
     packed: Tensor | None = None
@@ -61,9 +77,15 @@ class Linear(nn.Linear):
         self.packed = torch.ops.mkldnn._reorder_linear_weight(self.weight.detach(), 1)
 
     def forward(self, x: Tensor) -> Tensor:
-        if self.packed is None:
-            return super().forward(x)
-        return torch.ops.mkldnn._linear_pointwise(x, self.packed, self.bias, "none", [], "")
+        if self.packed is not None:
+            return torch.ops.mkldnn._linear_pointwise(x, self.packed, self.bias, "none", [], "")
+        if x.dtype == torch.float32 and x.device.type == "cpu":
+            # row-invariant only at row counts that are multiples of ROW_ALIGN (measured)
+            rows = x.reshape(-1, x.shape[-1])
+            M = rows.shape[0]
+            if M % ROW_ALIGN:
+                return super().forward(pad_rows(rows, aligned_rows(M)))[:M].view(*x.shape[:-1], -1)
+        return super().forward(x)
 
 
 def causal_mask(start: int, T: int, device: torch.device | str = "cpu") -> Tensor:
@@ -124,17 +146,16 @@ class Attention(nn.Module):
             values = torch.cat((v_cache[:, :, :start], v.to(v_cache.dtype)), dim=2)
         else:
             keys, values = k_cache[:, :, :end], v_cache[:, :, :end]
-        if mask is None and T > 1:  # prefill of an empty cache
+        if mask is None and T > 1:  # prefill of an empty cache: the same call for every method
             y = F.scaled_dot_product_attention(q, keys, values, is_causal=True,
                                                enable_gqa=self.heads != self.kv_heads)
         else:
-            # Fold the query heads sharing a kv head into the query axis: rows (group, t).
-            # Several times faster than enable_gqa on CPU for short queries, same numbers.
-            # `mask` comes in grouped already (see Decoder.forward).
+            # Decoding and verification. Fold the query heads sharing a kv head into the query
+            # axis: rows (group, t); `mask` comes in grouped already (see `Stack.run_layers`).
             groups = self.heads // self.kv_heads
-            y = F.scaled_dot_product_attention(
-                q.reshape(B, self.kv_heads, groups * T, self.head_dim), keys, values, attn_mask=mask
-            ).view(B, self.heads, T, self.head_dim)
+            # The kernel gives a row the numbers it gets in any other forward (see kernels.py).
+            y = row_attention(q.reshape(B, self.kv_heads, groups * T, self.head_dim), keys, values,
+                              mask).view(B, self.heads, T, self.head_dim)
         return self.o(y.transpose(1, 2).reshape(B, T, -1))
 
 
@@ -174,8 +195,9 @@ class Stack(nn.Module):
 
     @property
     def weight_like(self) -> Tensor:
-        """A parameter whose dtype and device the cache and rotary tables follow."""
-        return self.layers[0].attn.qkv.weight
+        """A parameter whose dtype and device the cache and rotary tables follow (a norm's: the
+        linears may hold quantized weights, see `quantize.py`)."""
+        return self.layers[0].post_attn_norm.weight
 
     def pack_weights(self) -> bool:
         """Pre-pack every linear weight for oneDNN where that is exact and faster (see `Linear`)."""

@@ -13,6 +13,7 @@ from eaglespec.errors import CorruptWeightsError, UnknownModelError
 from eaglespec.models.config import ModelConfig
 from eaglespec.models.decoder import Decoder
 from eaglespec.models.fetch import convert_gguf, fetch, sha256_of
+from eaglespec.models.quantize import quantize
 from eaglespec.models.registry import BUNDLED, cache_root
 
 DTYPES = {"bfloat16": torch.bfloat16, "float32": torch.float32}
@@ -27,6 +28,7 @@ class Target:
     model: Decoder
     tokenizer: object  # a transformers tokenizer
     eos_token_ids: frozenset[int]
+    weights: dict | None = None  # what `quantize` did (None: dense weights)
 
 
 def resolve(spec: str) -> Path:
@@ -137,16 +139,21 @@ def build_decoder(config: ModelConfig, hf_tensors: dict[str, torch.Tensor], dtyp
     return model.eval().requires_grad_(False)
 
 
-def load_target(spec: str, dtype: str | torch.dtype = "bfloat16", device: str = "cpu") -> Target:
-    """Load a target model by bundled name, Hugging Face folder or .gguf path."""
+def load_target(spec: str, dtype: str | torch.dtype = "bfloat16", device: str = "cpu",
+                weights: str = "dense") -> Target:
+    """Load a target model by bundled name, Hugging Face folder or .gguf path; `weights` int8 or
+    int4 keeps its linears quantized (see `quantize.py`)."""
     from transformers import AutoConfig, AutoTokenizer
 
     torch_dtype = DTYPES[dtype] if isinstance(dtype, str) else dtype
     folder = resolve(spec)
     hf_config = AutoConfig.from_pretrained(str(folder))
-    model = build_decoder(ModelConfig.from_hf(hf_config), read_safetensors(folder), torch_dtype).to(device)
+    dense = weights == "dense"
+    model = build_decoder(ModelConfig.from_hf(hf_config), read_safetensors(folder),
+                          torch_dtype if dense else torch.float32).to(device)
+    report = None if dense else quantize(model, weights, torch_dtype)
     model.pack_weights()
     tokenizer = AutoTokenizer.from_pretrained(str(folder))
     eos = hf_config.eos_token_id if isinstance(hf_config.eos_token_id, list) else [hf_config.eos_token_id]
     eos_ids = frozenset(i for i in [*eos, tokenizer.eos_token_id] if i is not None)
-    return Target(name=spec, folder=folder, model=model, tokenizer=tokenizer, eos_token_ids=eos_ids)
+    return Target(name=spec, folder=folder, model=model, tokenizer=tokenizer, eos_token_ids=eos_ids, weights=report)
