@@ -35,7 +35,10 @@ RESULTS = ROOT / "benchmarks" / "results" / "program"
 CACHE = Path(os.environ.get("EAGLESPEC_CACHE", Path.home() / ".cache" / "eaglespec")) / "program"
 E = str(ROOT / ".venv" / "bin" / "eaglespec")
 HELDOUT = 50  # held-out conversations scored
-BENCH = ["--dataset", "mt-bench", "--limit", "5", "--methods", "vanilla,eagle", "--temperature", "0",
+# `eagle` sizes its tree by the machine's measured verify costs (what a user gets, but it moves with
+# the machine and its load); `eagle:eagle1` drafts the paper's fixed 26-node tree: its tau measures
+# the head alone, comparable from stretch to stretch.
+BENCH = ["--dataset", "mt-bench", "--limit", "5", "--methods", "vanilla,eagle,eagle:eagle1", "--temperature", "0",
          "--max-new-tokens", "128", "--threads", "2"]
 
 # Per model: the slice of new conversations per stretch and the training recipe (the head's own
@@ -91,15 +94,33 @@ def measure(model: str, head: str, work: Path) -> dict:
     found = held_out(model, head, work / "alpha.json")
     own = ROOT / "data" / "regenerated" / f"{model}-heldout"
     extra = {"alpha_own_text": held_out(model, head, work / "alpha-own.json", own)["alpha"]} if own.is_dir() else {}
-    bench = work / "bench.json"
+    return {"alpha": found["alpha"], "chain_length": round(chain_length(found["alpha"]), 4),
+            "tokens_scored": found["tokens_scored"], **mt_bench(model, head, work), **extra}
+
+
+def mt_bench(model: str, head: str, work: Path) -> dict:
+    """MT-bench tau with the fixed EAGLE-1 tree, and tau and speedup with the `auto` tree."""
+    bench = work / "bench-eagle1.json"
     if not bench.is_file():
         run([E, "bench", "--model", model, "--head", head, *BENCH, "--out", str(bench)])
-    report = json.loads(bench.read_text())
-    eagle = next(v for k, v in report["methods"].items() if k.startswith("eagle"))
-    return {"alpha": found["alpha"], "chain_length": round(chain_length(found["alpha"]), 4),
-            "tokens_scored": found["tokens_scored"], "mt_bench_tau": eagle["tau"],
-            "mt_bench_speedup": eagle["speedup"], "mt_bench_tokens_per_s": eagle["tokens_per_s"],
-            "vanilla_tokens_per_s": report["methods"]["vanilla"]["tokens_per_s"], **extra}
+    methods = json.loads(bench.read_text())["methods"]
+    auto = methods["eagle"]
+    return {"mt_bench_tau_eagle1": methods["eagle:eagle1"]["tau"], "mt_bench_tau": auto["tau"],
+            "mt_bench_auto_tree": auto["tree"], "mt_bench_speedup": auto["speedup"],
+            "mt_bench_tokens_per_s": auto["tokens_per_s"],
+            "vanilla_tokens_per_s": methods["vanilla"]["tokens_per_s"]}
+
+
+def remeasure(model: str, number: int, head: str) -> None:
+    """Fill in an earlier stretch's tau with the fixed EAGLE-1 tree (measured only since) from its
+    head, wherever the head is now (an earlier commit's `heads/MODEL`); its other figures stay as
+    they were measured."""
+    ledger_path = RESULTS / f"{model}.json"
+    ledger = json.loads(ledger_path.read_text())
+    entry = ledger["stretches"][number]
+    entry["mt_bench_tau_eagle1"] = mt_bench(model, head, CACHE / model / f"stretch-{number}")["mt_bench_tau_eagle1"]
+    write_json(ledger, ledger_path)
+    plot()
 
 
 def stretch(model: str) -> None:
@@ -153,7 +174,8 @@ def stretch(model: str) -> None:
     stretches.append(entry)
     RESULTS.mkdir(parents=True, exist_ok=True)
     write_json(ledger, ledger_path)
-    print(f"stretch {n}: alpha {', '.join(f'{a:.3f}' for a in entry['alpha'])}, tau {entry['mt_bench_tau']:.2f}, "
+    print(f"stretch {n}: alpha {', '.join(f'{a:.3f}' for a in entry['alpha'])}, tau {entry['mt_bench_tau_eagle1']:.2f} "
+          f"(EAGLE-1 tree), "
           f"{hours:.2f} CPU hours in all" + ("" if n == 0 else f"; {'kept' if entry['kept'] else 'not kept'}"))
     plot()
 
@@ -172,11 +194,14 @@ def plot() -> None:
         hours = [s["cpu_hours"] for s in rows]
         a.plot(hours, [s["alpha"][0] for s in rows], marker="o", label=f"{ledger['model']} 0-alpha")
         a.plot(hours, [s["alpha"][2] for s in rows], marker="x", linestyle="--", label=f"{ledger['model']} 2-alpha")
-        b.plot(hours, [s["mt_bench_tau"] for s in rows], marker="o", label=ledger["model"])
+        b.plot(hours, [s["mt_bench_tau"] for s in rows], marker="o", label=f"{ledger['model']}, auto tree")
+        fixed = [(h, s["mt_bench_tau_eagle1"]) for h, s in zip(hours, rows) if "mt_bench_tau_eagle1" in s]
+        if fixed:
+            b.plot(*zip(*fixed), marker="x", linestyle="--", label=f"{ledger['model']}, EAGLE-1 tree")
     a.set_xlabel("CPU hours of the program (extraction + training)")
     a.set_ylabel("held-out n-alpha")
     b.set_xlabel("CPU hours of the program (extraction + training)")
-    b.set_ylabel("MT-bench tau (greedy, eagle auto)")
+    b.set_ylabel("MT-bench tau (greedy)")
     for axis in (a, b):
         axis.grid(alpha=0.3)
         axis.legend(fontsize=8)
@@ -191,14 +216,17 @@ def plot() -> None:
 def table() -> str:
     """The README's table: one row per stretch of every model."""
     lines = ["| model | stretch | new conversations (tokens) | CPU hours in all | held-out 0..4-alpha | "
-             "chain length | MT-bench tau | kept |", "|---|---|---|---|---|---|---|---|"]
+             "chain length | MT-bench tau, EAGLE-1 tree | MT-bench tau, auto tree | kept |",
+             "|---|---|---|---|---|---|---|---|---|"]
     for path in sorted(RESULTS.glob("*.json")):
         ledger = json.loads(path.read_text())
         for s in ledger["stretches"]:
             data = "the starting head" if s["stretch"] == 0 else f"{s['conversations']} ({s['tokens']:,})"
+            fixed = f"{s['mt_bench_tau_eagle1']:.2f}" if "mt_bench_tau_eagle1" in s else "-"
+            kept = "-" if s["stretch"] == 0 else ("yes" if s["kept"] else "no")
             lines.append(f"| {ledger['model']} | {s['stretch']} | {data} | {s['cpu_hours']:.2f} | "
                          f"{', '.join(f'{a:.3f}' for a in s['alpha'])} | {s['chain_length']:.3f} | "
-                         f"{s['mt_bench_tau']:.2f} | {'-' if s['stretch'] == 0 else ('yes' if s['kept'] else 'no')} |")
+                         f"{fixed} | {s['mt_bench_tau']:.2f} | {kept} |")
     return "\n".join(lines)
 
 
@@ -206,8 +234,14 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("model", nargs="?", choices=sorted(RECIPES))
     parser.add_argument("--report", action="store_true", help="Redraw program.png and print the README table.")
+    parser.add_argument("--remeasure", nargs=2, metavar=("STRETCH", "HEAD"),
+                        help="Fill in stretch STRETCH's MT-bench figures from its head folder HEAD.")
     args = parser.parse_args()
-    if args.report:
+    if args.remeasure:
+        if not args.model:
+            parser.error("--remeasure needs the MODEL")
+        remeasure(args.model, int(args.remeasure[0]), args.remeasure[1])
+    elif args.report:
         plot()
         print(table())
     elif args.model:

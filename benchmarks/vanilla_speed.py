@@ -1,7 +1,15 @@
-"""Vanilla decoding speed: eaglespec against transformers' `generate`, same weights, same prompts,
-same number of new tokens (EOS ignored), bf16, runs interleaved.
+"""Vanilla (one token per forward) decoding speed per weight format: eaglespec against llama.cpp on
+the same GGUF weights and against transformers' `generate`, the same prompts and the same number of
+new tokens (EOS ignored), every configuration interleaved prompt by prompt.
 
-    .venv/bin/python benchmarks/vanilla_speed.py            # writes benchmarks/results/vanilla_speed.json
+    bash scripts/setup_llamacpp.sh                  # once: llama.cpp's programs (about 15 minutes)
+    .venv/bin/python benchmarks/vanilla_speed.py    # writes benchmarks/results/vanilla_speed.json
+
+Configurations per model: ours in bf16 and fp32 (dense), int8 and int4 (weight-only quantized,
+bf16 activations; int4 also with fp32 activations); llama.cpp on BF16 and Q8_0 copies of the bundled GGUF and on the bundled GGUF
+itself (4-bit); transformers in bf16. Each is timed over the whole request (prefill included) and
+reported as the median tokens/s over prompts and repeats, with the resident weight bytes (ours:
+the tensors' storage; llama.cpp: the server's peak resident set).
 """
 
 from __future__ import annotations
@@ -16,6 +24,7 @@ from tqdm import tqdm
 from transformers import AutoModelForCausalLM
 
 from common import machine, write_json
+from eaglespec.bench.llamacpp import LlamaServer, peer_gguf
 from eaglespec.decoding.generate import generate, prompt_ids
 from eaglespec.models.load import load_target
 
@@ -26,6 +35,11 @@ PROMPTS = [
     "What are the main causes of the French Revolution?",
     "Give me a recipe for a vegetarian lasagna, step by step.",
 ]
+OURS = {"eaglespec bf16": ("bfloat16", "dense"), "eaglespec fp32": ("float32", "dense"),
+        "eaglespec int8": ("bfloat16", "int8"), "eaglespec int4": ("bfloat16", "int4"),
+        "eaglespec int4, fp32 activations": ("float32", "int4")}
+PEER = {"llama.cpp BF16": ("dense", "bfloat16"), "llama.cpp Q8_0": ("int8", "bfloat16"),
+        "llama.cpp GGUF (4-bit)": ("int4", "bfloat16")}
 
 
 def time_ours(target, ids, n):
@@ -46,6 +60,21 @@ def time_hf(model, ids, n):
     return n / seconds
 
 
+def time_peer(server, ids, n):
+    out = server.complete(ids, n, 0.0, 0, ignore_eos=True)
+    assert len(out["token_ids"]) == n
+    return n / out["seconds"]
+
+
+def weight_mib(target) -> float:
+    """Bytes held by the model's tensors (shared storage counted once)."""
+    seen = {}
+    for t in target.model.state_dict().values():
+        storage = t.untyped_storage()
+        seen[storage.data_ptr()] = storage.nbytes()
+    return sum(seen.values()) / 2**20
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--models", default="smollm2-135m-instruct,qwen2.5-coder-0.5b-instruct")
@@ -55,37 +84,54 @@ def main() -> None:
     p.add_argument("--out", type=Path, default=Path(__file__).parent / "results" / "vanilla_speed.json")
     args = p.parse_args()
     torch.set_num_threads(args.threads)
-    report = {"benchmark": "vanilla decoding, eaglespec vs transformers generate", "machine": machine(),
-              "dtype": "bfloat16", "new_tokens": args.new_tokens, "prompts": len(PROMPTS),
+    report = {"benchmark": "vanilla decoding per weight format: eaglespec, llama.cpp (same GGUF), transformers",
+              "machine": machine(), "new_tokens": args.new_tokens, "prompts": len(PROMPTS),
               "repeats": args.repeats, "models": {}}
     for name in args.models.split(","):
-        target = load_target(name, "bfloat16")
+        runners, memory, servers = {}, {}, {}
+        for label, (dtype, weights) in OURS.items():
+            target = load_target(name, dtype, weights=weights)
+            runners[label] = lambda ids, n, t=target: time_ours(t, ids, n)
+            memory[label] = weight_mib(target)
         hf = AutoModelForCausalLM.from_pretrained(str(target.folder), dtype=torch.bfloat16).eval()
-        runners = {"eaglespec": lambda ids, n: time_ours(target, ids, n),
-                   "transformers": lambda ids, n: time_hf(hf, ids, n)}
+        runners["transformers bf16"] = lambda ids, n: time_hf(hf, ids, n)
+        for label, (weights, dtype) in PEER.items():
+            servers[label] = LlamaServer("llama.cpp", peer_gguf(name, weights, dtype), args.threads)
+            runners[label] = lambda ids, n, s=servers[label]: time_peer(s, ids, n)
         all_ids = [prompt_ids(target, prompt, chat=True) for prompt in PROMPTS]
         for run in runners.values():  # warm-up
             run(all_ids[0], 8)
         speeds = {k: [] for k in runners}
         jobs = [(r, i) for r in range(args.repeats) for i in range(len(all_ids))]
-        for r, i in tqdm(jobs, desc=name):
-            order = list(runners) if (r + i) % 2 == 0 else list(runners)[::-1]
-            for key in order:
+        for j, (r, i) in enumerate(tqdm(jobs, desc=name)):
+            order = list(runners)
+            for key in order[j % len(order):] + order[: j % len(order)]:
                 speeds[key].append(runners[key](all_ids[i], args.new_tokens))
-        ratios = [a / b for a, b in zip(speeds["eaglespec"], speeds["transformers"])]
+        for label, server in servers.items():
+            memory[label] = server.peak_mb()
+            server.stop()
         report["models"][name] = {
             "tokens_per_s": {k: statistics.median(v) for k, v in speeds.items()},
-            "speedup_median": statistics.median(ratios),
-            "speedup_min": min(ratios),
+            "memory_mib": memory,
             "runs": speeds,
         }
     write_json(report, args.out)
-    print("| model | eaglespec tokens/s | transformers tokens/s | speedup (median, min) |")
-    print("|---|---|---|---|")
+    print(markdown(report))
+
+
+def markdown(report: dict) -> str:
+    lines = ["| model | configuration | tokens/s (median) | vs llama.cpp on the same weights | MiB |",
+             "|---|---|---|---|---|"]
+    same = {"eaglespec bf16": "llama.cpp BF16", "eaglespec int8": "llama.cpp Q8_0",
+            "eaglespec int4": "llama.cpp GGUF (4-bit)", "eaglespec int4, fp32 activations": "llama.cpp GGUF (4-bit)"}
     for name, r in report["models"].items():
         t = r["tokens_per_s"]
-        print(f"| {name} | {t['eaglespec']:.1f} | {t['transformers']:.1f} | "
-              f"{r['speedup_median']:.2f}x, {r['speedup_min']:.2f}x |")
+        for label, speed in t.items():
+            peer = same.get(label)
+            ratio = f"{speed / t[peer]:.2f}x" if peer in t else "-"
+            mib = r["memory_mib"].get(label)
+            lines.append(f"| {name} | {label} | {speed:.1f} | {ratio} | {'-' if mib is None else f'{mib:.0f}'} |")
+    return "\n".join(lines)
 
 
 if __name__ == "__main__":

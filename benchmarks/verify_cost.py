@@ -1,5 +1,8 @@
-"""Verification cost curve: time of one target forward of 1..64 new tokens over a 512-token cache
-(bf16). It says how many draft tokens one verification pass can afford on this machine.
+"""Verification cost curves: time of one target forward of 1..64 new tokens over a 512-token cache,
+per weight format (ours: bf16, fp32, int8, int4 with bf16 or fp32 activations), and llama.cpp's forward over the same numbers of
+tokens at the same depth on the same GGUF weights (`llama-bench -p N -n 0 -d 512`). They say how
+many draft tokens one verification pass can afford on this machine, in each format; `auto` trees
+measure the curve of the format they run.
 
     .venv/bin/python benchmarks/verify_cost.py      # writes results/verify_cost.json and .png
 """
@@ -7,7 +10,9 @@
 from __future__ import annotations
 
 import argparse
+import json
 import statistics
+import subprocess
 import time
 from pathlib import Path
 
@@ -19,7 +24,12 @@ import torch  # noqa: E402
 from tqdm import tqdm  # noqa: E402
 
 from common import machine, write_json  # noqa: E402
+from eaglespec.bench.llamacpp import peer_gguf, programs  # noqa: E402
 from eaglespec.models.load import load_target  # noqa: E402
+
+FORMATS = {"bf16": ("bfloat16", "dense"), "fp32": ("float32", "dense"), "int8": ("bfloat16", "int8"),
+           "int4": ("bfloat16", "int4"), "int4-fp32": ("float32", "int4")}  # label: (activations, weights)
+PEER = {"llama.cpp BF16": "dense", "llama.cpp Q8_0": "int8", "llama.cpp GGUF (4-bit)": "int4"}
 
 
 @torch.inference_mode()
@@ -41,34 +51,63 @@ def curve(model, context: int, max_tokens: int, repeats: int) -> list[float]:
     return ms
 
 
+def llama_cpp_curve(gguf: Path, context: int, sizes: list[int], repeats: int, threads: int) -> list[float]:
+    """llama.cpp's ms per forward of n tokens at depth `context` (llama-bench's prompt tests)."""
+    command = [str(programs() / "llama-bench"), "-m", str(gguf), "-p", ",".join(map(str, sizes)), "-n", "0",
+               "-d", str(context), "-t", str(threads), "-r", str(repeats), "-o", "json"]
+    rows = json.loads(subprocess.run(command, check=True, capture_output=True, text=True).stdout)
+    by_size = {r["n_prompt"]: r["avg_ns"] / 1e6 for r in rows}
+    return [by_size[n] for n in sizes]
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--models", default="smollm2-135m-instruct,qwen2.5-coder-0.5b-instruct")
     p.add_argument("--context", type=int, default=512)
     p.add_argument("--max-tokens", type=int, default=64)
     p.add_argument("--repeats", type=int, default=5)
+    p.add_argument("--formats", default=",".join(FORMATS), help="Ours: " + ", ".join(FORMATS))
+    p.add_argument("--no-llama-cpp", action="store_true", help="Leave out llama.cpp's curves.")
     p.add_argument("--threads", type=int, default=2)
     p.add_argument("--out", type=Path, default=Path(__file__).parent / "results" / "verify_cost.json")
     args = p.parse_args()
     torch.set_num_threads(args.threads)
+    formats = args.formats.split(",")
+    unknown = set(formats) - set(FORMATS)
+    if unknown:
+        p.error(f"unknown format(s) {', '.join(sorted(unknown))}: use {', '.join(FORMATS)}")
+    if not args.no_llama_cpp:
+        programs()  # built, or the command that builds it
     report = {"benchmark": "one forward of n new tokens over a cache", "machine": machine(),
-              "dtype": "bfloat16", "context": args.context, "repeats": args.repeats, "models": {}}
+              "context": args.context, "repeats": args.repeats, "models": {}}
+    sizes = list(range(1, args.max_tokens + 1))
+    peer_sizes = [n for n in (1, 2, 4, 8, 16, 24, 32, 48, 64) if n <= args.max_tokens]
     for name in args.models.split(","):
-        ms = curve(load_target(name, "bfloat16").model, args.context, args.max_tokens, args.repeats)
-        report["models"][name] = {"new_tokens": list(range(1, args.max_tokens + 1)), "ms": ms,
-                                  "relative_to_one": [m / ms[0] for m in ms]}
-        print(f"{name}: " + ", ".join(f"{n}: {ms[n - 1]:.1f} ms" for n in (1, 4, 8, 16, 32, 64)
-                                      if n <= args.max_tokens))
+        curves = {}
+        for label in formats:
+            dtype, weights = FORMATS[label]
+            ms = curve(load_target(name, dtype, weights=weights).model, args.context, args.max_tokens, args.repeats)
+            curves[label] = {"new_tokens": sizes, "ms": ms, "relative_to_one": [m / ms[0] for m in ms]}
+        if not args.no_llama_cpp:
+            for label, weights in PEER.items():
+                ms = llama_cpp_curve(peer_gguf(name, weights, "bfloat16"), args.context, peer_sizes, args.repeats,
+                                     args.threads)
+                curves[label] = {"new_tokens": peer_sizes, "ms": ms, "relative_to_one": [m / ms[0] for m in ms]}
+        report["models"][name] = curves
+        for label, c in curves.items():
+            print(f"{name} {label}: " + ", ".join(f"{n}: {m:.1f} ms" for n, m in zip(c["new_tokens"], c["ms"])
+                                                   if n in (1, 4, 8, 16, 32, 64)))
     write_json(report, args.out)
-    fig, ax = plt.subplots(figsize=(7, 4.5))
-    for name, r in report["models"].items():
-        ax.plot(r["new_tokens"], r["ms"], marker=".", label=name)
-    ax.set_xlabel(f"new tokens in one forward (over a {args.context}-token cache)")
-    ax.set_ylabel("ms per forward")
-    ax.set_title(f"Verification cost, bf16, {args.threads} threads")
-    ax.set_ylim(bottom=0)
-    ax.grid(alpha=0.3)
-    ax.legend()
+    fig, axes = plt.subplots(1, len(report["models"]), figsize=(6.5 * len(report["models"]), 4.5), squeeze=False)
+    for ax, (name, curves) in zip(axes[0], report["models"].items()):
+        for label, c in curves.items():
+            ax.plot(c["new_tokens"], c["ms"], marker=".", linestyle="--" if "llama" in label else "-", label=label)
+        ax.set_xlabel(f"new tokens in one forward (over a {args.context}-token cache)")
+        ax.set_ylabel("ms per forward")
+        ax.set_title(f"{name}, {args.threads} threads")
+        ax.set_ylim(bottom=0)
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize=8)
     fig.tight_layout()
     png = args.out.with_suffix(".png")
     fig.savefig(png.with_suffix(".tmp.png"), dpi=120)

@@ -9,6 +9,7 @@ from click.testing import CliRunner
 from transformers import AutoModelForCausalLM, LlamaConfig
 
 from eaglespec.bench.datasets import load_items
+from eaglespec.bench.llamacpp import tau
 from eaglespec.bench.run import markdown
 from eaglespec.cli import main
 from eaglespec.errors import InvalidArgumentError
@@ -86,6 +87,7 @@ def test_bench_every_kind_of_method(tmp_path, monkeypatch):
     (["--methods", "vanilla,medusa"], "unknown method 'medusa'"),
     (["--methods", "sps:3"], "needs a draft model"),
     (["--methods", "hf-assisted"], "needs a draft model"),
+    (["--methods", "llama.cpp-draft"], "needs a draft model"),
     (["--methods", "pld,pld"], "listed twice"),
     (["--out", "r.txt"], "must end in .json"),
     (["--temperature", "-1"], "temperature"),
@@ -96,6 +98,18 @@ def test_bad_input_fails_before_any_work(tmp_path, args, message):
     result = CliRunner().invoke(main, ["bench", *sum(base.items(), ())])
     assert result.exit_code == 1 and message in result.output
     assert not list(tmp_path.iterdir())
+
+
+def test_an_unbuilt_llama_cpp_peer_is_a_one_line_error_before_any_work(tmp_path, monkeypatch):
+    monkeypatch.setenv("EAGLESPEC_CACHE", str(tmp_path / "cache"))
+    result = CliRunner().invoke(main, ["bench", "--methods", "vanilla,llama.cpp-ngram",
+                                       "--out", str(tmp_path / "r.json")])
+    assert result.exit_code == 1 and "run `bash scripts/setup_llamacpp.sh`" in result.output
+    assert len(result.output.strip().splitlines()) == 1 and not list(tmp_path.iterdir())
+
+
+def test_llama_cpp_tau_counts_one_forward_per_token_not_accepted():
+    assert tau(10, {}) == 1.0 and tau(10, {"draft_n": 12, "draft_n_accepted": 6}) == 2.5
 
 
 def test_a_draft_model_with_another_tokenizer_is_refused(tmp_path, other_tokenizer_folder):

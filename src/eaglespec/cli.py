@@ -385,11 +385,12 @@ def eval_head(model_spec, head_spec, limit, data, depth, dtype, threads, as_json
               help="mt-bench | humaneval | sharegpt (held-out split) | a .jsonl/.json file of prompts.")
 @click.option("--limit", default=10, show_default=True, help="Items to run (0: all).")
 @click.option("--methods", default="vanilla,eagle,pld", show_default=True,
-              help="Comma-separated: vanilla | eagle[:TREE] | sps[:K] | pld[:K] | hf | hf-assisted | hf-pld.")
+              help="Comma-separated: vanilla | eagle[:TREE] | sps[:K] | pld[:K] | hf | hf-assisted | hf-pld | "
+                   "llama.cpp | llama.cpp-ngram | llama.cpp-draft (built by scripts/setup_llamacpp.sh).")
 @click.option("--temperature", default=0.0, show_default=True, type=float, help="0 is greedy decoding.")
 @click.option("--max-new-tokens", default=128, show_default=True, type=int)
 @click.option("--draft-model", default=None,
-              help="Draft model for sps and hf-assisted (default: the bundled smaller model of the family).")
+              help="Draft model for sps, hf-assisted and llama.cpp-draft (default: the bundled smaller model of the family).")
 @click.option("--dtype", type=click.Choice(["bfloat16", "float32"]), default="bfloat16", show_default=True)
 @click.option("--weights", type=click.Choice(["dense", "int8", "int4"]), default="dense", show_default=True,
               help="Target weight format: dense (--dtype), or int8 / int4 weight-only quantized matrices run by "
@@ -428,7 +429,11 @@ def bench(model_spec, head_spec, dataset, limit, methods, temperature, max_new_t
     config = BenchConfig(model=model_spec, dataset=dataset, methods=specs, head=head_spec, draft_model=draft_model,
                          limit=limit or None, temperature=temperature, max_new_tokens=max_new_tokens, dtype=dtype,
                          weights=weights, device=device, seed=seed)
-    result = Bench(config).run()
+    runner = Bench(config)
+    try:
+        result = runner.run()
+    finally:
+        runner.close()
     write_json(result, out)
     plot_speedups([result], out.with_name(out.stem + "-speedup.png"))
     plot_tau([result], out.with_name(out.stem + "-tau.png"))

@@ -30,3 +30,7 @@ class InvalidArgumentError(EaglespecError):
 
 class PromptTooLongError(EaglespecError):
     pass
+
+
+class MissingDependencyError(EaglespecError):
+    pass

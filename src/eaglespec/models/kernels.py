@@ -1,16 +1,25 @@
 """Our C++ CPU kernels, compiled on first use (torch's JIT extension builder; about 40 s once,
 then cached under ~/.cache/torch_extensions, one build per CPU type: they use its instructions).
 
+An interrupted build leaves nothing that blocks the next one (see `_load`).
+
 `row_attention` (row_attention.cpp): attention for decoding and verification whose result for a
-query row depends only on that row and the keys it sees, in slot order. Verification then gives
-each tree node the numbers vanilla decoding gives it, so greedy speculative output equals
-vanilla's in bf16 as in fp32. Where no C++ compiler is found, attention falls back to torch's
-SDPA with a warning: outputs then match vanilla's in fp32 only up to rare near-ties.
+query row depends only on that row and the keys it sees, in slot order.
+`row_linear` (row_linear.cpp, AVX2): a linear layer over fp32 weights whose result for a row depends
+only on that row (one fixed-order dot product per output), reading the weights once for all the
+rows of a call.
+
+Verification then gives each tree node the numbers vanilla decoding gives it, so greedy speculative
+output equals vanilla's in bf16 as in fp32. Where no C++ compiler is found, attention falls back to
+torch's SDPA (with a warning: outputs may then differ from vanilla's at rare near-ties) and fp32
+linears to MKL with rows padded to a multiple of 4, which keeps them row-invariant.
 """
 
 from __future__ import annotations
 
+import fcntl
 import hashlib
+import os
 import warnings
 from pathlib import Path
 
@@ -27,14 +36,24 @@ def _load():
     if _module is None and _failed is None:
         from torch.utils.cpp_extension import load
 
+        name = f"eaglespec_kernels_{_cpu_type()}"
+        build = Path(os.environ.get("TORCH_EXTENSIONS_DIR") or Path.home() / ".cache" / "torch_extensions") / name
         try:
-            _module = load(name=f"eaglespec_row_attention_{_cpu_type()}",
-                           sources=[str(Path(__file__).with_name("row_attention.cpp"))],
-                           extra_cflags=["-O3", "-march=native"], verbose=False)
+            build.mkdir(parents=True, exist_ok=True)
+            with open(build / "eaglespec.flock", "w") as guard:
+                # One build at a time, under a lock the OS drops when its process dies; torch's own
+                # marker file is then left only by an interrupted build, and would block every later
+                # load forever: remove it.
+                fcntl.flock(guard, fcntl.LOCK_EX)
+                (build / "lock").unlink(missing_ok=True)
+                _module = load(name=name, sources=[str(Path(__file__).with_name(f"{n}.cpp"))
+                                                   for n in ("kernels", "row_attention", "row_linear")],
+                               extra_cflags=["-O3", "-march=native"], build_directory=str(build), verbose=False)
         except Exception as err:  # no compiler, no ninja: fall back, once, loudly
             _failed = str(err).strip().splitlines()[-1] if str(err).strip() else type(err).__name__
-            warnings.warn(f"eaglespec could not build its attention kernel ({_failed}); using torch's SDPA, "
-                          "so bf16 speculative output may differ from vanilla's. Install g++ and ninja to fix.",
+            warnings.warn(f"eaglespec could not build its CPU kernels ({_failed}); using torch's attention and "
+                          "linears, so bf16 speculative output may differ from vanilla's. Install g++ and ninja "
+                          "to fix.",
                           stacklevel=3)
     return _module
 
@@ -48,13 +67,27 @@ def _cpu_type() -> str:
     return hashlib.sha1(flags.encode()).hexdigest()[:8]
 
 
+def plain_cpu(*tensors: Tensor) -> bool:
+    """Our kernels' case: CPU tensors, no gradient to track, no autocast."""
+    return (tensors[0].device.type == "cpu" and not torch.is_autocast_enabled("cpu")
+            and not (torch.is_grad_enabled() and any(t.requires_grad for t in tensors)))
+
+
+def row_linear(x: Tensor, weight: Tensor, bias: Tensor | None) -> Tensor | None:
+    """x [M, K] @ weight [N, K]^T (+ bias) for fp32 weights, row-invariant; None where our kernel does
+    not apply (no compiler or no AVX2, gradients, other dtypes or devices, K not a multiple of 8)."""
+    if not (plain_cpu(x, weight) and weight.dtype == torch.float32 and x.dtype in (torch.float32, torch.bfloat16)
+            and x.shape[-1] % 8 == 0):
+        return None
+    module = _load()
+    return module.row_linear(x, weight, bias) if module is not None and module.row_linear_available() else None
+
+
 def row_attention(q: Tensor, keys: Tensor, values: Tensor, mask: Tensor | None) -> Tensor:
     """softmax(q k^T / sqrt(D)) v for q [B, H, M, D], keys/values [B, H, S, D], mask bool [M, S]
     or [B, 1, M, S] (None: every key visible); row-invariant on CPUs (see the module docstring).
     Training (gradients), autocast and other devices use torch's SDPA."""
-    needs_grad = torch.is_grad_enabled() and any(t.requires_grad for t in (q, keys, values))
-    plain = q.device.type == "cpu" and not needs_grad and not torch.is_autocast_enabled("cpu")
-    module = _load() if plain else None
+    module = _load() if plain_cpu(q, keys, values) else None
     if module is None:
         return F.scaled_dot_product_attention(q, keys, values, attn_mask=mask)
     if mask is not None:

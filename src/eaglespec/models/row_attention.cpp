@@ -100,7 +100,3 @@ torch::Tensor row_attention(torch::Tensor q, torch::Tensor k, torch::Tensor v, c
   }
   return out;
 }
-
-PYBIND11_MODULE(TORCH_EXTENSION_NAME, module) {
-  module.def("row_attention", &row_attention, "Row-invariant attention for decoding and verification (CPU)");
-}

@@ -1,0 +1,38 @@
+#!/usr/bin/env bash
+# Optional set-up for the llama.cpp peer of `eaglespec bench` (methods llama.cpp, llama.cpp-ngram,
+# llama.cpp-draft): builds llama-server, llama-bench and llama-quantize from the llama.cpp source vendored in the
+# llama-cpp-python sdist (the package registry is the only source this machine reaches), CPU only,
+# tuned to this CPU. About 10-15 minutes on 2 cores; idempotent; prints the folder of the programs.
+#
+#     bash scripts/setup_llamacpp.sh          # then: eaglespec bench ... --methods vanilla,llama.cpp
+set -euo pipefail
+cd "$(dirname "$0")/.."
+version=0.3.36
+cache="${EAGLESPEC_CACHE:-$HOME/.cache/eaglespec}/llama.cpp"
+bin="$cache/bin"
+if [ -x "$bin/llama-quantize" ] && [ "$(cat "$bin/VERSION" 2>/dev/null)" = "$version" ]; then
+    echo "$bin"
+    exit 0
+fi
+mkdir -p "$cache"
+if [ ! -d "$cache/src-$version" ]; then
+    [ -f "$cache/sdist/llama_cpp_python-$version.tar.gz" ] || .venv/bin/pip download --quiet \
+        --disable-pip-version-check --no-deps --no-binary :all: "llama-cpp-python==$version" -d "$cache/sdist"
+    rm -rf "$cache/unpack"
+    mkdir -p "$cache/unpack"
+    tar xzf "$cache/sdist/llama_cpp_python-$version.tar.gz" -C "$cache/unpack"
+    mv "$cache/unpack/llama_cpp_python-$version/vendor/llama.cpp" "$cache/src-$version"
+    rm -rf "$cache/unpack"
+fi
+cmake -S "$cache/src-$version" -B "$cache/build-$version" -G Ninja -DCMAKE_BUILD_TYPE=Release \
+    -DGGML_NATIVE=ON -DBUILD_SHARED_LIBS=OFF -DLLAMA_CURL=OFF -DLLAMA_OPENSSL=OFF \
+    -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF -DLLAMA_BUILD_TOOLS=ON -DLLAMA_BUILD_SERVER=ON >/dev/null
+cmake --build "$cache/build-$version" --target llama-server llama-bench llama-quantize -j "$(nproc)"
+# publish the programs only once both are built (a half-done build never looks ready)
+rm -rf "$bin.tmp"
+mkdir -p "$bin.tmp"
+for program in llama-server llama-bench llama-quantize; do cp "$cache/build-$version/bin/$program" "$bin.tmp/"; done
+echo "$version" > "$bin.tmp/VERSION"
+rm -rf "$bin"
+mv "$bin.tmp" "$bin"
+echo "$bin"

