@@ -1,4 +1,4 @@
-"""Our C++ CPU kernels, compiled on first use (torch's JIT extension builder; about 40 s once,
+"""Our C++ CPU kernels, compiled on first use (torch's JIT extension builder; about a minute once,
 then cached under ~/.cache/torch_extensions, one build per CPU type: they use its instructions).
 
 An interrupted build leaves nothing that blocks the next one (see `_load`).
