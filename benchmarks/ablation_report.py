@@ -1,6 +1,7 @@
 """The README's ablation tables, from what benchmarks/ablations.sh wrote: held-out n-alpha per
-epoch of each ablation head (same data and budget), the objectives ablation (one time budget per
-head: the final held-out n-alpha, and a plot of 0-alpha against training minutes), and the bench
+epoch of each ablation head (same data and budget), the objectives ablation (per budget in
+objectives-Nmin/, one time budget for every head: the final held-out n-alpha, and a plot of 0-alpha
+against training minutes), and the bench
 runs of the tree and data ablations.
 
     .venv/bin/python benchmarks/ablation_report.py   # writes benchmarks/results/ablations/summary.md
@@ -71,10 +72,10 @@ def main() -> None:
                 minutes = f"{meta['train_seconds'] / 60:.1f}" if "train_seconds" in meta and e is meta["evals"][-1] else "-"
                 lines.append(f"| {path.stem} | {e['epoch']} | {meta['train']['eval_limit']} | {alphas} | {size} | {minutes} |")
         parts.append("\n".join(lines))
-    objectives = sorted((RESULTS / "objectives").glob("*.json"), key=lambda p: p.stat().st_mtime)
-    if objectives:
-        parts.append(objectives_table(objectives))
-        plot_objectives(objectives, RESULTS / "objectives-alpha.png")
+    for folder in sorted(RESULTS.glob("objectives-*min"), key=lambda p: float(p.name[len("objectives-"):-3])):
+        objectives = sorted(folder.glob("*.json"))  # one per head, at the folder's budget
+        parts.append(f"**{folder.name}**\n\n" + objectives_table(objectives))
+        plot_objectives(objectives, RESULTS / f"{folder.name}-alpha.png")
     for path in sorted(RESULTS.glob("*.json")):
         result = json.loads(path.read_text())
         head = result["config"]["head"]  # a run folder's head/ under the cache: name the run

@@ -72,9 +72,10 @@ case "${1:?usage: ablations.sh trees|heads|data}" in
         done ;;
     objectives)
         # the same features (with the hidden states an EAGLE-3 head reads) and BUDGET minutes of
-        # training each, the lr decaying to 0 at the budget; fp32 target forwards for extraction
-        # (faster than bf16 on CPUs without bf16 instructions)
-        BUDGET=${BUDGET:-8}
+        # training each (CPU time per thread: runs that share the CPU still get equal budgets), the
+        # lr decaying to 0 at the budget; fp32 target forwards for extraction (faster than bf16 on
+        # CPUs without bf16 instructions). Heads land in objectives-BUDGETmin/.
+        BUDGET=${BUDGET:-20}
         A=(--aux-layers eagle3 --dtype float32 --threads 2)
         $E extract --model $M --split heldout --limit 100 "${A[@]}" --out "$F/smollm2-aux-heldout"
         $E extract --model $M --split train --limit 192 "${A[@]}" --out "$F/smollm2-aux-train192"
@@ -82,8 +83,8 @@ case "${1:?usage: ablations.sh trees|heads|data}" in
             local name=$1
             shift
             $E train --model $M --train-features "$F/smollm2-aux-train192" --heldout-features "$F/smollm2-aux-heldout" \
-                --out "$RUNS/$name" --epochs 1000 --budget-minutes "$BUDGET" "${RECIPE[@]}" "$@"  # a finished run returns at once
-            mkdir -p "$OUT/objectives" && cp "$RUNS/$name/head/config.json" "$OUT/objectives/$name.json"
+                --out "$RUNS/$name-${BUDGET}min" --epochs 1000 --budget-minutes "$BUDGET" "${RECIPE[@]}" "$@"  # a finished run returns at once
+            mkdir -p "$OUT/objectives-${BUDGET}min" && cp "$RUNS/$name-${BUDGET}min/head/config.json" "$OUT/objectives-${BUDGET}min/$name.json"
         }
         budget obj-eagle1                                   # feature:1,ce:0.1, one step (EAGLE-1)
         budget unroll-3 --loss ce --unroll 3

@@ -60,7 +60,8 @@ def test_cli_eagle(monkeypatch):
     out = json.loads(result.output)
     assert out["method"] == "eagle" and out["tree"] == "chain:3" and out["new_tokens"] >= 1
     assert math.isclose(out["speedup"], out["tokens_per_s"] / out["vanilla_tokens_per_s"])
-    assert len(out["n_alpha"]) == 3 and math.isclose(out["tau"], out["new_tokens"] / out["target_forwards"])
+    # one alpha per depth the chain of 3 reached (a depth is reported once a draft got there)
+    assert 1 <= len(out["n_alpha"]) <= 3 and math.isclose(out["tau"], out["new_tokens"] / out["target_forwards"])
     for args, message in [(["--tree", "chain:"], "unknown tree"), (["--temperature", "-1"], "temperature"),
                           (["--top-p", "1.5"], "top-p")]:
         result = CliRunner().invoke(main, ["generate", "--prompt", "x", "--method", "eagle", *args])

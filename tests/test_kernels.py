@@ -1,20 +1,27 @@
-"""Our CPU linear kernel (fp32 weights): the right numbers, and a row's numbers whatever else the call
-carries."""
+"""Our CPU kernels (the linear over fp32 or bf16 weights, a layer's fused small operations): the right numbers, and a row's
+numbers whatever else the call carries."""
 
 import pytest
 import torch
 
+from eaglespec.models import kernels
+from eaglespec.models.decoder import RMSNorm, rotate
 from eaglespec.models.kernels import row_linear
 
 DTYPES = [torch.float32, torch.bfloat16]
+# (weight dtype, input dtype) pairs our linear runs: fp32 weights with either input (AVX2), bf16
+# weights with bf16 inputs (AVX-512 BF16 only: elsewhere bf16 linears stay oneDNN's)
+LINEAR_CASES = [(torch.float32, torch.float32), (torch.float32, torch.bfloat16),
+                pytest.param(torch.bfloat16, torch.bfloat16, marks=pytest.mark.skipif(
+                    not kernels.row_linear_bf16_available(), reason="this CPU has no AVX-512 BF16"))]
 
 
-@pytest.mark.parametrize("x_dtype", DTYPES)
+@pytest.mark.parametrize("w_dtype, x_dtype", LINEAR_CASES, ids=lambda d: str(d).split(".")[-1])
 @pytest.mark.parametrize("bias", [False, True])
-def test_row_linear_computes_x_wt_plus_b(x_dtype, bias):
+def test_row_linear_computes_x_wt_plus_b(w_dtype, x_dtype, bias):
     g = torch.Generator().manual_seed(0)
-    w = torch.randn(97, 64, generator=g)  # 97 outputs: a partial last block
-    b = torch.randn(97, generator=g) if bias else None
+    w = torch.randn(97, 64, generator=g).to(w_dtype)  # 97 outputs: a partial last block
+    b = torch.randn(97, generator=g).to(w_dtype) if bias else None
     x = torch.randn(9, 64, generator=g).to(x_dtype)
     y = row_linear(x, w, b)
     ref = x.double() @ w.double().t() + (b.double() if bias else 0)
@@ -24,11 +31,12 @@ def test_row_linear_computes_x_wt_plus_b(x_dtype, bias):
     assert ((y.double() - ref).abs() <= tolerance).all()
 
 
-@pytest.mark.parametrize("dtype", DTYPES)
-def test_a_row_gets_the_same_bits_in_any_call(dtype):
+@pytest.mark.parametrize("w_dtype, x_dtype", LINEAR_CASES, ids=lambda d: str(d).split(".")[-1])
+def test_a_row_gets_the_same_bits_in_any_call(w_dtype, x_dtype):
     g = torch.Generator().manual_seed(1)
-    w, b = torch.randn(40, 96, generator=g), torch.randn(40, generator=g)
-    x = torch.randn(11, 96, generator=g).to(dtype)
+    # K = 1536: where oneDNN's bf16 rows change with the row count on some CPUs (AMD Zen 5)
+    w, b = torch.randn(40, 1536, generator=g).to(w_dtype), torch.randn(40, generator=g).to(w_dtype)
+    x = torch.randn(11, 1536, generator=g).to(x_dtype)
     whole = row_linear(x, w, b)
     for m in range(1, 12):
         assert torch.equal(row_linear(x[:m], w, b), whole[:m])
@@ -43,8 +51,74 @@ def test_a_row_gets_the_same_bits_in_any_call(dtype):
 
 def test_the_kernel_declines_what_it_does_not_run():
     assert row_linear(torch.randn(2, 60), torch.randn(8, 60), None) is None  # K not a multiple of 8
-    assert row_linear(torch.randn(2, 64), torch.randn(8, 64, dtype=torch.bfloat16), None) is None  # torch's
+    bf16 = torch.randn(8, 64, dtype=torch.bfloat16)
+    assert row_linear(torch.randn(2, 64), bf16, None) is None  # bf16 weights, fp32 inputs: torch's
+    assert row_linear(torch.randn(2, 48).bfloat16(), torch.randn(8, 48).bfloat16(), None) is None  # K % 32
     w = torch.randn(8, 64, requires_grad=True)
     assert row_linear(torch.randn(2, 64), w, None) is None  # training: torch's linear keeps the graph
     with torch.no_grad():
         assert row_linear(torch.randn(2, 64), w, None) is not None
+
+
+def close(y, ref, dtype):
+    """Against torch's eager operators in the same dtype: fp32 up to summation order; bf16 within one
+    unit in the last place (an fp32 intermediate a hair apart can round the other way)."""
+    y, ref = y.double(), ref.double()
+    return ((y - ref).abs() <= (1e-5 if dtype == torch.float32 else ref.abs() * 2**-7 + 1e-6)).all()
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_fused_layer_ops_compute_what_torch_computes(dtype):
+    g = torch.Generator().manual_seed(2)
+    norm = RMSNorm(96, 1e-6).to(dtype)
+    norm.weight.data = torch.randn(96, generator=g).to(dtype)
+    x = torch.randn(2, 5, 96, generator=g).to(dtype)
+    with torch.no_grad():
+        assert close(kernels.rms_norm(x, norm.weight, 1e-6), norm(x.requires_grad_()), dtype)  # eager: autograd on
+    gate_up = torch.randn(2, 5, 2 * 48, generator=g).to(dtype)
+    gate, up = gate_up.chunk(2, dim=-1)
+    assert close(kernels.silu_mul(gate_up), torch.nn.functional.silu(gate) * up, dtype)
+
+    B, T, heads, kv_heads, D, start = 2, 3, 4, 2, 8, 5
+    qkv = torch.randn(B, T, (heads + 2 * kv_heads) * D, generator=g).to(dtype)
+    angles = torch.randn(B, 1, T, D // 2, generator=g).repeat(1, 1, 1, 2)
+    cos, sin = angles.cos().to(dtype), angles.sin().to(dtype)
+    k_cache, v_cache = (torch.zeros(B, kv_heads, 16, D, dtype=dtype) for _ in range(2))
+    q = kernels.rope_store(qkv, cos, sin, k_cache, v_cache, start, heads, kv_heads)
+    q_ref, k_ref, v_ref = qkv.split((heads * D, kv_heads * D, kv_heads * D), dim=-1)
+    heads_first = lambda t, n: t.view(B, T, n, D).transpose(1, 2)  # noqa: E731
+    # bf16: the eager rotation's roundings, bit for bit (its products of bf16 numbers are exact in fp32)
+    same = torch.equal if dtype == torch.bfloat16 else lambda a, b: close(a, b, dtype)  # noqa: E731
+    assert same(q, rotate(heads_first(q_ref, heads), cos, sin))
+    assert same(k_cache[:, :, start:start + T], rotate(heads_first(k_ref, kv_heads), cos, sin))
+    assert torch.equal(v_cache[:, :, start:start + T], heads_first(v_ref, kv_heads))
+    assert not k_cache[:, :, :start].any() and not k_cache[:, :, start + T:].any()
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_fused_layer_ops_give_a_row_the_same_bits_in_any_call(dtype):
+    g = torch.Generator().manual_seed(3)
+    x, w = torch.randn(1, 7, 64, generator=g).to(dtype), torch.randn(64, generator=g).to(dtype)
+    gate_up = torch.randn(1, 7, 64, generator=g).to(dtype)
+    qkv = torch.randn(1, 7, 4 * 8, generator=g).to(dtype)
+    angles = torch.randn(1, 1, 7, 4, generator=g).repeat(1, 1, 1, 2)
+    cos, sin = angles.cos().to(dtype), angles.sin().to(dtype)
+    cache = lambda: (torch.zeros(1, 1, 8, 8, dtype=dtype), torch.zeros(1, 1, 8, 8, dtype=dtype))  # noqa: E731
+    k_all, v_all = cache()
+    q_all = kernels.rope_store(qkv, cos, sin, k_all, v_all, 0, 2, 1)
+    norm_all, silu_all = kernels.rms_norm(x, w, 1e-5), kernels.silu_mul(gate_up)
+    for t in range(7):
+        one = slice(t, t + 1)
+        assert torch.equal(kernels.rms_norm(x[:, one], w, 1e-5), norm_all[:, one])
+        assert torch.equal(kernels.silu_mul(gate_up[:, one]), silu_all[:, one])
+        k, v = cache()
+        assert torch.equal(kernels.rope_store(qkv[:, one], cos[:, :, one], sin[:, :, one], k, v, t, 2, 1), q_all[:, :, one])
+        assert torch.equal(k[:, :, t], k_all[:, :, t]) and torch.equal(v[:, :, t], v_all[:, :, t])
+
+
+def test_fused_layer_ops_leave_training_to_torch():
+    w = torch.randn(64, requires_grad=True)
+    assert kernels.rms_norm(torch.randn(2, 64), w, 1e-5) is None  # autograd needs torch's operators
+    assert kernels.rms_norm(torch.randn(2, 64), w.detach().bfloat16(), 1e-5) is None  # mixed dtypes
+    with torch.no_grad():
+        assert kernels.rms_norm(torch.randn(2, 64), w, 1e-5) is not None

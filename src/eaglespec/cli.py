@@ -315,8 +315,9 @@ def regenerate(model_spec, data, split, limit, turns, max_new_tokens, max_prompt
 @click.option("--no-autocast", is_flag=True, help="Train in fp32 even where bf16 autocast is available.")
 @click.option("--seed", default=0, show_default=True)
 @click.option("--budget-minutes", default=None, type=float,
-              help="Train this long in all (over every stretch, evaluations not counted): the lr decays linearly "
-                   "to 0 at the budget, then the run evaluates and ends (--epochs becomes an upper bound).")
+              help="Train this long in all (over every stretch, evaluations not counted; on a CPU in CPU time "
+                   "per thread, so other processes do not eat the budget): the lr decays linearly to 0 at the "
+                   "budget, then the run evaluates and ends (--epochs becomes an upper bound).")
 @click.option("--max-minutes", default=None, type=float, help="Stop after this long; run again to resume.")
 @click.option("--max-steps", default=None, type=int, help="Stop once this many steps are done; run again to resume.")
 @click.option("--threads", default=None, type=int)

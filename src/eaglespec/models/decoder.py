@@ -15,6 +15,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from eaglespec.models.config import ModelConfig
+from eaglespec.models import kernels
 from eaglespec.models.kernels import row_attention, row_linear
 from eaglespec.timing import Clock
 
@@ -49,7 +50,7 @@ class KVCache:
 
 
 ROW_ALIGN = 4  # CPU fp32 GEMMs (MKL) give a row the same result for any row count that is a multiple of 4
-KERNEL_ROWS = 128  # fp32 forwards up to this many rows (decoding, verification) use our linear kernel
+KERNEL_ROWS = 128  # forwards up to this many rows (decoding, verification) use our linear kernel
 
 
 def pad_rows(x: Tensor, rows: int) -> Tensor:
@@ -66,13 +67,15 @@ class Linear(nn.Linear):
     other: a row's result is the same whatever number of rows the call carries, as verification
     needs (tested in test_decoder.py).
 
-    For bf16 on a CPU with bf16 support, a packed weight makes the memory-bound small-batch
-    products of decoding about 1.6x faster with bit-identical results (fp32 packing changes
-    the rounding, so fp32 stays unpacked). fp32 calls of up to KERNEL_ROWS rows (decoding,
-    verification) run our kernel (`kernels.row_linear`: weights read once for all rows, one
-    fixed-order dot product per output; faster than MKL at one row, measured); the rest run torch's,
-    where bf16 products are row-invariant as they are and fp32 ones (MKL) at row counts that are
-    multiples of ROW_ALIGN, so fp32 inputs are padded to one.
+    Calls of up to KERNEL_ROWS rows (decoding, verification) run our kernel where it applies
+    (`kernels.row_linear`: fp32 weights on AVX2, bf16 weights and inputs on AVX-512 BF16; weights
+    read once for all rows, one fixed-order dot product per output; faster than MKL and oneDNN at
+    one row, measured). The rest run torch's: for bf16 on a CPU with bf16 support a packed weight
+    (oneDNN) makes small-batch products about 1.6x faster with bit-identical results (fp32 packing
+    changes the rounding, so fp32 stays unpacked); fp32 products (MKL) are row-invariant at row
+    counts that are multiples of ROW_ALIGN, so fp32 inputs are padded to one. oneDNN's bf16 rows
+    are row-invariant on some CPUs only (not on AMD Zen 5 once K >= 1536, measured), which is why
+    bf16 verification runs our kernel where the CPU has AVX-512 BF16.
     """
 
     packed: Tensor | None = None
@@ -81,16 +84,15 @@ class Linear(nn.Linear):
         self.packed = torch.ops.mkldnn._reorder_linear_weight(self.weight.detach(), 1)
 
     def forward(self, x: Tensor) -> Tensor:
-        if self.packed is not None:
-            return torch.ops.mkldnn._linear_pointwise(x, self.packed, self.bias, "none", [], "")
         rows = x.reshape(-1, x.shape[-1])
         M = rows.shape[0]
         if M <= KERNEL_ROWS and (y := row_linear(rows, self.weight, self.bias)) is not None:
             return y.view(*x.shape[:-1], -1)
-        if x.dtype == torch.float32 and x.device.type == "cpu":
+        if self.packed is not None:
+            return torch.ops.mkldnn._linear_pointwise(x, self.packed, self.bias, "none", [], "")
+        if x.dtype == torch.float32 and self.weight.dtype == torch.float32 and x.device.type == "cpu" and M % ROW_ALIGN:
             # row-invariant only at row counts that are multiples of ROW_ALIGN (measured)
-            if M % ROW_ALIGN:
-                return super().forward(pad_rows(rows, aligned_rows(M)))[:M].view(*x.shape[:-1], -1)
+            return super().forward(pad_rows(rows, aligned_rows(M)))[:M].view(*x.shape[:-1], -1)
         return super().forward(x)
 
 
@@ -108,6 +110,8 @@ class RMSNorm(nn.Module):
         self.weight = nn.Parameter(torch.ones(dim))
 
     def forward(self, x: Tensor) -> Tensor:
+        if (y := kernels.rms_norm(x, self.weight, self.eps)) is not None:
+            return y
         dtype = x.dtype
         x32 = x.float()
         x32 = x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + self.eps)
@@ -134,11 +138,14 @@ class Attention(nn.Module):
     def forward(self, x: Tensor, cos: Tensor, sin: Tensor, k_cache: Tensor, v_cache: Tensor,
                 start: int, mask: Tensor | None) -> Tensor:
         B, T, _ = x.shape
-        q, k, v = self.qkv(x).split(self.split, dim=-1)
+        end = start + T
+        qkv = self.qkv(x)
+        if (q := kernels.rope_store(qkv, cos, sin, k_cache, v_cache, start, self.heads, self.kv_heads)) is not None:
+            return self.o(self._attend(q, k_cache[:, :, :end], v_cache[:, :, :end], mask))
+        q, k, v = qkv.split(self.split, dim=-1)
         q = rotate(q.view(B, T, self.heads, self.head_dim).transpose(1, 2), cos, sin)
         k = rotate(k.view(B, T, self.kv_heads, self.head_dim).transpose(1, 2), cos, sin)
         v = v.view(B, T, self.kv_heads, self.head_dim).transpose(1, 2)
-        end = start + T
         k_cache[:, :, start:end] = k
         v_cache[:, :, start:end] = v
         if start == 0:
@@ -152,6 +159,11 @@ class Attention(nn.Module):
             values = torch.cat((v_cache[:, :, :start], v.to(v_cache.dtype)), dim=2)
         else:
             keys, values = k_cache[:, :, :end], v_cache[:, :, :end]
+        return self.o(self._attend(q, keys, values, mask))
+
+    def _attend(self, q: Tensor, keys: Tensor, values: Tensor, mask: Tensor | None) -> Tensor:
+        """q [B, heads, T, D] against the keys and values [B, kv_heads, S, D]: [B, T, heads * D]."""
+        B, _, T, D = q.shape
         if mask is None and T > 1:  # prefill of an empty cache: the same call for every method
             y = F.scaled_dot_product_attention(q, keys, values, is_causal=True,
                                                enable_gqa=self.heads != self.kv_heads)
@@ -160,9 +172,9 @@ class Attention(nn.Module):
             # axis: rows (group, t); `mask` comes in grouped already (see `Stack.run_layers`).
             groups = self.heads // self.kv_heads
             # The kernel gives a row the numbers it gets in any other forward (see kernels.py).
-            y = row_attention(q.reshape(B, self.kv_heads, groups * T, self.head_dim), keys, values,
-                              mask).view(B, self.heads, T, self.head_dim)
-        return self.o(y.transpose(1, 2).reshape(B, T, -1))
+            y = row_attention(q.reshape(B, self.kv_heads, groups * T, D), keys, values,
+                              mask).view(B, self.heads, T, D)
+        return y.transpose(1, 2).reshape(B, T, -1)
 
 
 class MLP(nn.Module):
@@ -172,8 +184,11 @@ class MLP(nn.Module):
         self.down = Linear(c.intermediate_size, c.hidden_size, bias=False)
 
     def forward(self, x: Tensor) -> Tensor:
-        gate, up = self.gate_up(x).chunk(2, dim=-1)
-        return self.down(F.silu(gate) * up)
+        gate_up = self.gate_up(x)
+        if (h := kernels.silu_mul(gate_up)) is None:
+            gate, up = gate_up.chunk(2, dim=-1)
+            h = F.silu(gate) * up
+        return self.down(h)
 
 
 class Layer(nn.Module):

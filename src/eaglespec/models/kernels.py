@@ -5,9 +5,11 @@ An interrupted build leaves nothing that blocks the next one (see `_load`).
 
 `row_attention` (row_attention.cpp): attention for decoding and verification whose result for a
 query row depends only on that row and the keys it sees, in slot order.
-`row_linear` (row_linear.cpp, AVX2): a linear layer over fp32 weights whose result for a row depends
-only on that row (one fixed-order dot product per output), reading the weights once for all the
-rows of a call.
+`row_linear` (row_linear.cpp): a linear layer over fp32 weights (AVX2) or bf16 weights (AVX-512 BF16)
+whose result for a row depends only on that row (one fixed-order dot product per output), reading
+the weights once for all the rows of a call.
+`rms_norm`, `silu_mul`, `rope_store` (layer_ops.cpp): a decoder layer's small operations, one call
+each instead of about 60 operator calls per layer, row by row.
 
 Verification then gives each tree node the numbers vanilla decoding gives it, so greedy speculative
 output equals vanilla's in bf16 as in fp32. Where no C++ compiler is found, attention falls back to
@@ -47,7 +49,7 @@ def _load():
                 fcntl.flock(guard, fcntl.LOCK_EX)
                 (build / "lock").unlink(missing_ok=True)
                 _module = load(name=name, sources=[str(Path(__file__).with_name(f"{n}.cpp"))
-                                                   for n in ("kernels", "row_attention", "row_linear")],
+                                                   for n in ("kernels", "row_attention", "row_linear", "layer_ops")],
                                extra_cflags=["-O3", "-march=native"], build_directory=str(build), verbose=False)
         except Exception as err:  # no compiler, no ninja: fall back, once, loudly
             _failed = str(err).strip().splitlines()[-1] if str(err).strip() else type(err).__name__
@@ -74,13 +76,24 @@ def plain_cpu(*tensors: Tensor) -> bool:
 
 
 def row_linear(x: Tensor, weight: Tensor, bias: Tensor | None) -> Tensor | None:
-    """x [M, K] @ weight [N, K]^T (+ bias) for fp32 weights, row-invariant; None where our kernel does
-    not apply (no compiler or no AVX2, gradients, other dtypes or devices, K not a multiple of 8)."""
-    if not (plain_cpu(x, weight) and weight.dtype == torch.float32 and x.dtype in (torch.float32, torch.bfloat16)
-            and x.shape[-1] % 8 == 0):
+    """x [M, K] @ weight [N, K]^T (+ bias), row-invariant, for fp32 weights (AVX2; K a multiple of 8)
+    or bf16 weights and inputs (AVX-512 BF16; K a multiple of 32); None where our kernel does not
+    apply (no compiler or no such instructions, gradients, other dtypes or devices, other K)."""
+    if not plain_cpu(x, weight):
         return None
+    if weight.dtype == torch.float32 and x.dtype in (torch.float32, torch.bfloat16) and x.shape[-1] % 8 == 0:
+        module = _load()
+        return module.row_linear(x, weight, bias) if module is not None and module.row_linear_available() else None
+    if weight.dtype == torch.bfloat16 and x.dtype == torch.bfloat16 and x.shape[-1] % 32 == 0:
+        module = _load()
+        return module.row_linear_bf16(x, weight, bias) if module is not None and module.row_linear_bf16_available() else None
+    return None
+
+
+def row_linear_bf16_available() -> bool:
+    """Whether bf16 linears run our row-invariant kernel here (a CPU with AVX-512 BF16)."""
     module = _load()
-    return module.row_linear(x, weight, bias) if module is not None and module.row_linear_available() else None
+    return module is not None and module.row_linear_bf16_available()
 
 
 def row_attention(q: Tensor, keys: Tensor, values: Tensor, mask: Tensor | None) -> Tensor:
@@ -93,3 +106,29 @@ def row_attention(q: Tensor, keys: Tensor, values: Tensor, mask: Tensor | None) 
     if mask is not None:
         mask = mask.reshape(-1, *mask.shape[-2:])
     return module.row_attention(q, keys, values, mask, q.shape[-1] ** -0.5)
+
+
+def _fused(*tensors: Tensor):
+    """The kernels' module where a layer's small operations can run fused (plain CPU fp32/bf16
+    tensors of one dtype), else None (the caller runs torch's operators)."""
+    if not (plain_cpu(*tensors) and all(t.dtype == tensors[0].dtype for t in tensors)
+            and tensors[0].dtype in (torch.float32, torch.bfloat16)):
+        return None
+    return _load()
+
+
+def rms_norm(x: Tensor, weight: Tensor, eps: float) -> Tensor | None:
+    module = _fused(x, weight)
+    return None if module is None else module.rms_norm(x, weight, eps)
+
+
+def silu_mul(x: Tensor) -> Tensor | None:
+    module = _fused(x)
+    return None if module is None else module.silu_mul(x)
+
+
+def rope_store(qkv: Tensor, cos: Tensor, sin: Tensor, k_cache: Tensor, v_cache: Tensor, start: int,
+               heads: int, kv_heads: int) -> Tensor | None:
+    """q [B, heads, T, D] rotated, with the rotated k and v written to the cache at `start`."""
+    module = _fused(qkv, cos, sin, k_cache, v_cache)
+    return None if module is None else module.rope_store(qkv, cos, sin, k_cache, v_cache, start, heads, kv_heads)

@@ -109,7 +109,7 @@ class State:
     history: list[dict] = field(default_factory=list)  # per optimizer step
     evals: list[dict] = field(default_factory=list)  # per epoch
     eval_seconds: list[float] = field(default_factory=list)  # training time (evaluations excluded) at each evaluation
-    seconds: float = 0.0  # wall time of the run so far, over all its stretches
+    seconds: float = 0.0  # the run's time so far on its clock (CPU time per thread on a CPU), over all its stretches
     evaluating: float = 0.0  # ... of which in held-out evaluations
     finished: bool = False  # the time budget is spent (and its last evaluation done)
 
@@ -265,8 +265,16 @@ def train(config: TrainConfig, log=print) -> State:
         state = State(**saved["state"])
         log(f"resuming at epoch {state.epoch + 1}, step {state.step}")
 
+    def clock() -> float:
+        """The run's clock. On a CPU: the process's CPU time per thread, which equals wall time on a
+        quiet machine and does not count the time other processes take from it, so runs sharing
+        the CPU still get equal budgets; on a GPU: wall time."""
+        if device.type == "cuda":
+            return time.monotonic()
+        return time.process_time() / torch.get_num_threads()
+
     def elapsed() -> float:
-        return base_seconds + time.monotonic() - started
+        return base_seconds + clock() - started
 
     def training_seconds() -> float:  # what a time budget counts: evaluations excluded
         return elapsed() - state.evaluating
@@ -287,7 +295,7 @@ def train(config: TrainConfig, log=print) -> State:
             dist.broadcast(decision, 0)
         return float(decision[0]), bool(decision[1])
 
-    started, base_seconds = time.monotonic(), state.seconds
+    started, base_seconds, wall_start = clock(), state.seconds, time.monotonic()
     bar = tqdm(total=per_epoch * config.epochs, initial=state.step, unit="step", desc="training",
                disable=rank != 0)
     try:
@@ -332,7 +340,7 @@ def train(config: TrainConfig, log=print) -> State:
                 bar.set_postfix(loss=f"{state.history[-1]['loss']:.3f}", top1=f"{state.history[-1]['top1']:.3f}")
                 if state.step % config.checkpoint_every == 0:
                     save()
-                out_of_time = config.max_minutes and time.monotonic() - started > config.max_minutes * 60
+                out_of_time = config.max_minutes and time.monotonic() - wall_start > config.max_minutes * 60
                 if out_of_time or (config.max_steps and state.step >= config.max_steps):
                     save()
                     log(f"stopped at step {state.step}; run the same command again to resume")

@@ -1,0 +1,148 @@
+// The small operations of a decoder layer, each fused into one call for decoding and verification
+// on CPUs. In eager torch they are about 60 operator calls per layer (RMSNorm alone is eight), and
+// at one token per forward their dispatch costs more than their arithmetic.
+//
+// Each works row by row in fp32, so a row's result depends only on that row (as verification needs):
+// not on how many rows the call carries, nor on the threads. In bf16 they round where the eager
+// operators (and transformers' modules) round, after each elementwise step, so the numbers are theirs
+// up to the order of RMSNorm's sum of squares.
+//
+//   rms_norm(x, w, eps)        w * (x / sqrt(mean(x^2) + eps))
+//   silu_mul(gate_up)          silu(gate) * up, gate and up the two halves of the last axis
+//   rope_store(qkv, cos, sin, k_cache, v_cache, start, heads, kv_heads)
+//                              splits the fused q/k/v projection [B, T, (heads + 2 kv_heads) D],
+//                              rotates q and k (rotary embedding, half-split convention), writes k and
+//                              v to the cache slots start..start+T-1 ([B, kv_heads, capacity, D]) and
+//                              returns q as [B, heads, T, D]
+
+#include <torch/extension.h>
+
+#include <cmath>
+
+namespace {
+
+// v rounded to T and back: where an eager operator would store its result in T.
+template <typename T>
+inline float in(float v) {
+  return static_cast<float>(static_cast<T>(v));
+}
+
+template <typename T>
+void rms_norm_rows(const T* x, const T* w, T* out, int64_t rows, int64_t H, float eps) {
+  for (int64_t r = 0; r < rows; ++r) {
+    const T* xr = x + r * H;
+    float lanes[8] = {0, 0, 0, 0, 0, 0, 0, 0};
+    for (int64_t i = 0; i < H; ++i) {
+      const float v = static_cast<float>(xr[i]);
+      lanes[i % 8] += v * v;
+    }
+    const float ss = ((lanes[0] + lanes[4]) + (lanes[1] + lanes[5])) + ((lanes[2] + lanes[6]) + (lanes[3] + lanes[7]));
+    const float inv = 1.0f / std::sqrt(ss / static_cast<float>(H) + eps);
+    for (int64_t i = 0; i < H; ++i)
+      out[r * H + i] = static_cast<T>(static_cast<float>(w[i]) * in<T>(static_cast<float>(xr[i]) * inv));
+  }
+}
+
+template <typename T>
+void silu_mul_rows(const T* x, T* out, int64_t rows, int64_t I) {
+  for (int64_t r = 0; r < rows; ++r) {
+    const T* gate = x + r * 2 * I;
+    const T* up = gate + I;
+    for (int64_t i = 0; i < I; ++i) {
+      const float g = static_cast<float>(gate[i]);
+      out[r * I + i] = static_cast<T>(in<T>(g / (1.0f + std::exp(-g))) * static_cast<float>(up[i]));
+    }
+  }
+}
+
+// dst[0..D) = src rotated by (cos, sin): x * cos + rotate_half(x) * sin.
+template <typename T>
+inline void rotate(const T* src, const T* cos, const T* sin, T* dst, int64_t D) {
+  const int64_t half = D / 2;
+  for (int64_t d = 0; d < D; ++d) {
+    const float other = d < half ? -static_cast<float>(src[d + half]) : static_cast<float>(src[d - half]);
+    dst[d] = static_cast<T>(in<T>(static_cast<float>(src[d]) * static_cast<float>(cos[d])) +
+                            in<T>(other * static_cast<float>(sin[d])));
+  }
+}
+
+template <typename T>
+void rope_store_rows(const torch::Tensor& qkv, const torch::Tensor& cos, const torch::Tensor& sin,
+                     torch::Tensor& k_cache, torch::Tensor& v_cache, torch::Tensor& q, int64_t start,
+                     int64_t heads, int64_t kv_heads) {
+  const int64_t B = qkv.size(0), T_ = qkv.size(1), D = q.size(3);
+  const T* src = qkv.data_ptr<T>();
+  const T* cp = cos.data_ptr<T>();
+  const T* sp = sin.data_ptr<T>();
+  T* qp = q.data_ptr<T>();
+  T* kp = k_cache.data_ptr<T>();
+  T* vp = v_cache.data_ptr<T>();
+  const auto ks = k_cache.strides(), vs = v_cache.strides();
+  const int64_t width = (heads + 2 * kv_heads) * D;
+  for (int64_t b = 0; b < B; ++b) {
+    for (int64_t t = 0; t < T_; ++t) {
+      const T* row = src + (b * T_ + t) * width;
+      const T* c = cp + (b * T_ + t) * D;
+      const T* s = sp + (b * T_ + t) * D;
+      for (int64_t h = 0; h < heads; ++h) rotate(row + h * D, c, s, qp + ((b * heads + h) * T_ + t) * D, D);
+      for (int64_t h = 0; h < kv_heads; ++h) {
+        rotate(row + (heads + h) * D, c, s, kp + b * ks[0] + h * ks[1] + (start + t) * ks[2], D);
+        const T* v = row + (heads + kv_heads + h) * D;
+        T* vd = vp + b * vs[0] + h * vs[1] + (start + t) * vs[2];
+        for (int64_t d = 0; d < D; ++d) vd[d] = v[d];
+      }
+    }
+  }
+}
+
+void check_cpu_dtype(const torch::Tensor& x, const char* what) {
+  TORCH_CHECK(x.device().is_cpu(), what, ": CPU tensors only");
+  TORCH_CHECK(x.scalar_type() == at::kFloat || x.scalar_type() == at::kBFloat16, what, ": fp32 or bf16 only");
+}
+
+}  // namespace
+
+torch::Tensor rms_norm(torch::Tensor x, torch::Tensor w, double eps) {
+  check_cpu_dtype(x, "rms_norm");
+  TORCH_CHECK(w.scalar_type() == x.scalar_type() && w.dim() == 1 && w.size(0) == x.size(-1), "rms_norm: weight");
+  x = x.contiguous();
+  w = w.contiguous();
+  auto out = torch::empty_like(x);
+  const int64_t H = x.size(-1), rows = x.numel() / H;
+  AT_DISPATCH_SWITCH(x.scalar_type(), "rms_norm",
+      AT_DISPATCH_CASE(at::kFloat, [&] { rms_norm_rows(x.data_ptr<float>(), w.data_ptr<float>(), out.data_ptr<float>(), rows, H, eps); })
+      AT_DISPATCH_CASE(at::kBFloat16, [&] { rms_norm_rows(x.data_ptr<at::BFloat16>(), w.data_ptr<at::BFloat16>(), out.data_ptr<at::BFloat16>(), rows, H, eps); }));
+  return out;
+}
+
+torch::Tensor silu_mul(torch::Tensor x) {
+  check_cpu_dtype(x, "silu_mul");
+  x = x.contiguous();
+  const int64_t I = x.size(-1) / 2, rows = x.numel() / x.size(-1);
+  auto shape = x.sizes().vec();
+  shape.back() = I;
+  auto out = torch::empty(shape, x.options());
+  AT_DISPATCH_SWITCH(x.scalar_type(), "silu_mul",
+      AT_DISPATCH_CASE(at::kFloat, [&] { silu_mul_rows(x.data_ptr<float>(), out.data_ptr<float>(), rows, I); })
+      AT_DISPATCH_CASE(at::kBFloat16, [&] { silu_mul_rows(x.data_ptr<at::BFloat16>(), out.data_ptr<at::BFloat16>(), rows, I); }));
+  return out;
+}
+
+torch::Tensor rope_store(torch::Tensor qkv, torch::Tensor cos, torch::Tensor sin, torch::Tensor k_cache,
+                         torch::Tensor v_cache, int64_t start, int64_t heads, int64_t kv_heads) {
+  check_cpu_dtype(qkv, "rope_store");
+  const auto dtype = qkv.scalar_type();
+  TORCH_CHECK(cos.scalar_type() == dtype && sin.scalar_type() == dtype && k_cache.scalar_type() == dtype &&
+              v_cache.scalar_type() == dtype, "rope_store: one dtype for q/k/v, rotary tables and cache");
+  const int64_t B = qkv.size(0), T_ = qkv.size(1), D = k_cache.size(3);
+  TORCH_CHECK(qkv.size(2) == (heads + 2 * kv_heads) * D && k_cache.size(1) == kv_heads &&
+              start + T_ <= k_cache.size(2) && k_cache.stride(3) == 1 && v_cache.stride(3) == 1, "rope_store: shapes");
+  qkv = qkv.contiguous();
+  cos = cos.reshape({B, T_, D}).contiguous();
+  sin = sin.reshape({B, T_, D}).contiguous();
+  auto q = torch::empty({B, heads, T_, D}, qkv.options());
+  AT_DISPATCH_SWITCH(dtype, "rope_store",
+      AT_DISPATCH_CASE(at::kFloat, [&] { rope_store_rows<float>(qkv, cos, sin, k_cache, v_cache, q, start, heads, kv_heads); })
+      AT_DISPATCH_CASE(at::kBFloat16, [&] { rope_store_rows<at::BFloat16>(qkv, cos, sin, k_cache, v_cache, q, start, heads, kv_heads); }));
+  return q;
+}
