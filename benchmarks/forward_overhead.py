@@ -10,8 +10,8 @@ path but every matrix shrunk to a few KiB (hidden size 64, head size 32, vocabul
 skeleton reads next to no weights, so its time is the forward's overhead, and overhead / forward
 is the share to remove. The weight bytes over the remaining time give the bandwidth the linears
 reach. Formats: bf16 and fp32 (dense), int8, int4 (bf16 activations), int4-fp32act. It also counts the operators one forward dispatches (torch's profiler). `--eager` runs the
-layers' small operations as torch operators instead of our fused kernels (how every forward ran
-before them), for the before/after comparison.
+layers in Python with their small operations as torch operators, instead of our fused kernels and
+the C++ layer stack (how every forward ran before them), for the before/after comparison.
 """
 
 from __future__ import annotations
@@ -27,7 +27,7 @@ from torch.profiler import ProfilerActivity, profile
 
 from common import machine, write_json
 from eaglespec.models import kernels
-from eaglespec.models.decoder import Decoder
+from eaglespec.models.decoder import Decoder, Stack
 from eaglespec.models.load import load_target
 from eaglespec.models.quantize import quantize
 
@@ -87,15 +87,16 @@ def main() -> None:
     p.add_argument("--repeats", type=int, default=60)
     p.add_argument("--threads", type=int, default=2)
     p.add_argument("--out", type=Path, help="default: results/forward_overhead.json (-eager.json with --eager)")
-    p.add_argument("--eager", action="store_true", help="torch operators for norms, rotary and SiLU (no fusion)")
+    p.add_argument("--eager", action="store_true", help="Python layers, torch operators for norms, rotary and SiLU")
     args = p.parse_args()
     torch.set_num_threads(args.threads)
-    if args.eager:  # each fused kernel declines, so the layers take their torch path
+    if args.eager:  # each fused kernel declines and the C++ layer stack is off: the layers' torch path
         kernels.rms_norm = kernels.silu_mul = kernels.rope_store = lambda *a: None
+        Stack.layer_stack = lambda self: None
     report = {"benchmark": "one-token forward over a 256-token cache: whole vs overhead (a skeleton of the "
                            "same code path with tiny matrices)",
               "machine": machine(), "context": CONTEXT, "repeats": args.repeats,
-              "small_ops": "torch operators" if args.eager else "fused kernels", "models": {}}
+              "layers": "Python layers, torch operators" if args.eager else "C++ layer stack, fused kernels", "models": {}}
     for name in args.models.split(","):
         rows = {}
         for label in args.formats.split(","):

@@ -26,6 +26,7 @@ from transformers import AutoModelForCausalLM
 from common import machine, write_json
 from eaglespec.bench.llamacpp import LlamaServer, peer_gguf
 from eaglespec.decoding.generate import generate, prompt_ids
+from eaglespec.models.decoder import Linear
 from eaglespec.models.load import load_target
 
 PROMPTS = [
@@ -67,11 +68,10 @@ def time_peer(server, ids, n):
 
 
 def weight_mib(target) -> float:
-    """Bytes held by the model's tensors (shared storage counted once)."""
-    seen = {}
-    for t in target.model.state_dict().values():
-        storage = t.untyped_storage()
-        seen[storage.data_ptr()] = storage.nbytes()
+    """Bytes held by the model's tensors and their packed copies (shared storage counted once)."""
+    tensors = list(target.model.state_dict().values())
+    tensors += [m.packed[1] for m in target.model.modules() if isinstance(m, Linear) and m.packed is not None]
+    seen = {t.untyped_storage().data_ptr(): t.untyped_storage().nbytes() for t in tensors}
     return sum(seen.values()) / 2**20
 
 

@@ -181,3 +181,36 @@ def test_packed_bf16_weights_give_the_same_logits():
         step, _ = ours(tokens[:, 11:], cache)
     assert (packed - plain).abs().max() < 1e-2
     assert (step[:, 0] - plain[:, -1]).abs().max() < 1e-2
+
+
+@pytest.mark.parametrize("weights", ["dense", "int8", "int4"])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("family", ["llama", "qwen2", "mistral"])
+def test_the_cpp_layer_stack_equals_the_python_layers(family, dtype, weights):
+    """kernels.LayerStack runs the same operations as the Python layers: the same bits for a
+    prefill, one-token steps and a tree, with the captured hidden states an EAGLE-3 head reads."""
+    from eaglespec.models.quantize import quantize
+
+    _, ours = tiny_pair(family)
+    quantize(ours, weights, dtype)
+    ours.pack_weights()
+    if ours.layer_stack() is None:
+        pytest.skip("this configuration runs the Python layers (no C++ kernels, or oneDNN-packed weights)")
+    g = torch.Generator().manual_seed(8)
+    prefix = torch.randint(0, 97, (1, 70), generator=g)
+    nodes = torch.randint(0, 97, (1, len(TREE_PARENTS)), generator=g)
+    positions, mask = tree_inputs(TREE_PARENTS, start=72)
+    capture = (0, 1, len(ours.layers))
+
+    def run():
+        with torch.inference_mode():
+            cache = ours.new_cache(90)
+            outs = [ours(prefix, cache, capture=capture)]
+            outs += [ours(prefix[:, i:i + 1], cache, capture=capture) for i in range(2)]
+            outs.append(ours(nodes, cache, positions=positions, mask=mask, capture=capture))
+            return [t for pair in outs for t in pair] + [cache.k, cache.v]
+
+    fast = run()
+    ours.layer_stack = lambda: None  # the Python layers
+    slow = run()
+    assert all(torch.equal(a, b) for a, b in zip(fast, slow))

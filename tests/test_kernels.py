@@ -9,11 +9,21 @@ from eaglespec.models.decoder import RMSNorm, rotate
 from eaglespec.models.kernels import row_linear
 
 DTYPES = [torch.float32, torch.bfloat16]
-# (weight dtype, input dtype) pairs our linear runs: fp32 weights with either input (AVX2), bf16
+BF16_KERNEL = kernels.pack_bf16(torch.zeros(16, 32, dtype=torch.bfloat16)) is not None  # AVX-512 BF16 here
+
+
+def linear(w_dtype):
+    """Our linear for weights of w_dtype: (x, w, b) -> y; bf16 weights are packed first."""
+    if w_dtype == torch.float32:
+        return row_linear
+    return lambda x, w, b: kernels.row_linear_bf16(x, kernels.pack_bf16(w), len(w), b)
+
+
+# (weight dtype, input dtype) pairs our linears run: fp32 weights with either input (AVX2), bf16
 # weights with bf16 inputs (AVX-512 BF16 only: elsewhere bf16 linears stay oneDNN's)
 LINEAR_CASES = [(torch.float32, torch.float32), (torch.float32, torch.bfloat16),
                 pytest.param(torch.bfloat16, torch.bfloat16, marks=pytest.mark.skipif(
-                    not kernels.row_linear_bf16_available(), reason="this CPU has no AVX-512 BF16"))]
+                    not BF16_KERNEL, reason="this CPU has no AVX-512 BF16"))]
 
 
 @pytest.mark.parametrize("w_dtype, x_dtype", LINEAR_CASES, ids=lambda d: str(d).split(".")[-1])
@@ -23,7 +33,7 @@ def test_row_linear_computes_x_wt_plus_b(w_dtype, x_dtype, bias):
     w = torch.randn(97, 64, generator=g).to(w_dtype)  # 97 outputs: a partial last block
     b = torch.randn(97, generator=g).to(w_dtype) if bias else None
     x = torch.randn(9, 64, generator=g).to(x_dtype)
-    y = row_linear(x, w, b)
+    y = linear(w_dtype)(x, w, b)
     ref = x.double() @ w.double().t() + (b.double() if bias else 0)
     assert y.dtype == x_dtype and y.shape == (9, 97)
     # fp32: summation order; bf16 output: one rounding, half a unit in the last of 8 bits
@@ -37,23 +47,23 @@ def test_a_row_gets_the_same_bits_in_any_call(w_dtype, x_dtype):
     # K = 1536: where oneDNN's bf16 rows change with the row count on some CPUs (AMD Zen 5)
     w, b = torch.randn(40, 1536, generator=g).to(w_dtype), torch.randn(40, generator=g).to(w_dtype)
     x = torch.randn(11, 1536, generator=g).to(x_dtype)
-    whole = row_linear(x, w, b)
+    f = linear(w_dtype)
+    whole = f(x, w, b)
     for m in range(1, 12):
-        assert torch.equal(row_linear(x[:m], w, b), whole[:m])
-        assert torch.equal(row_linear(x[m - 1:m], w, b), whole[m - 1:m])
+        assert torch.equal(f(x[:m], w, b), whole[:m])
+        assert torch.equal(f(x[m - 1:m], w, b), whole[m - 1:m])
     threads = torch.get_num_threads()
     try:
         torch.set_num_threads(1)
-        assert torch.equal(row_linear(x, w, b), whole)
+        assert torch.equal(f(x, w, b), whole)
     finally:
         torch.set_num_threads(threads)
 
 
 def test_the_kernel_declines_what_it_does_not_run():
     assert row_linear(torch.randn(2, 60), torch.randn(8, 60), None) is None  # K not a multiple of 8
-    bf16 = torch.randn(8, 64, dtype=torch.bfloat16)
-    assert row_linear(torch.randn(2, 64), bf16, None) is None  # bf16 weights, fp32 inputs: torch's
-    assert row_linear(torch.randn(2, 48).bfloat16(), torch.randn(8, 48).bfloat16(), None) is None  # K % 32
+    assert row_linear(torch.randn(2, 64), torch.randn(8, 64, dtype=torch.bfloat16), None) is None  # packed: pack_bf16
+    assert kernels.pack_bf16(torch.randn(8, 64)) is None  # fp32 weights: row_linear
     w = torch.randn(8, 64, requires_grad=True)
     assert row_linear(torch.randn(2, 64), w, None) is None  # training: torch's linear keeps the graph
     with torch.no_grad():

@@ -28,7 +28,8 @@ from torch import Tensor, nn
 
 from eaglespec.errors import InvalidArgumentError
 from eaglespec.models.config import ModelConfig
-from eaglespec.models.decoder import MLP, Attention, Decoder, KVCache, Layer, Linear, RMSNorm, Stack
+from eaglespec.models.decoder import MLP, Attention, Decoder, KVCache, Layer, Linear, RMSNorm, Stack, pack_weight, packed_linear
+from eaglespec.models.kernels import plain_cpu
 
 # What an EAGLE-1 head reads at position j (paper Fig. 8): feature f[j] and/or a token embedding.
 INPUT_VARIANTS = ("feature+shifted-token", "feature+unshifted-token", "feature", "token")
@@ -127,7 +128,7 @@ class EagleHead(DraftHead):
         self.input_variant = input_variant
         self.fc = Linear(2 * config.hidden_size, config.hidden_size, bias=True)
         self.layers[0].input_norm = nn.Identity()
-        self.lm_packed: Tensor | None = None  # target_lm pre-packed for oneDNN (see `Linear`)
+        self.lm_packed: tuple[str, Tensor] | None = None  # target_lm pre-packed (see `pack_weight`)
 
     def attach(self, target: Decoder, draft_vocab: Tensor | None = None) -> EagleHead:
         super().attach(target, draft_vocab)
@@ -138,7 +139,7 @@ class EagleHead(DraftHead):
         """Pre-pack the layers' and the sliced LM head's weights where exact (bf16 on CPU)."""
         if not super().pack_weights():
             return False
-        self.lm_packed = torch.ops.mkldnn._reorder_linear_weight(self.target_lm, 1)
+        self.lm_packed = pack_weight(self.target_lm)
         return True
 
     def inputs(self, features: Tensor, tokens: Tensor) -> Tensor:
@@ -160,8 +161,8 @@ class EagleHead(DraftHead):
 
     def logits(self, features: Tensor) -> Tensor:
         """Draft logits over the draft vocabulary [..., N] (index with `to_target` for target ids)."""
-        if self.lm_packed is not None and features.dtype == self.target_lm.dtype:
-            return torch.ops.mkldnn._linear_pointwise(features, self.lm_packed, None, "none", [], "")
+        if self.lm_packed is not None and features.dtype == self.target_lm.dtype and plain_cpu(features):
+            return packed_linear(features, self.lm_packed, None, len(self.target_lm))
         return self.target_logits(features)
 
     def init_from_target(self, target: Decoder) -> None:

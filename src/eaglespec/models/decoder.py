@@ -16,7 +16,7 @@ from torch import Tensor, nn
 
 from eaglespec.models.config import ModelConfig
 from eaglespec.models import kernels
-from eaglespec.models.kernels import row_attention, row_linear
+from eaglespec.models.kernels import plain_cpu, row_attention, row_linear
 from eaglespec.timing import Clock
 
 
@@ -50,7 +50,7 @@ class KVCache:
 
 
 ROW_ALIGN = 4  # CPU fp32 GEMMs (MKL) give a row the same result for any row count that is a multiple of 4
-KERNEL_ROWS = 128  # forwards up to this many rows (decoding, verification) use our linear kernel
+KERNEL_ROWS = 128  # fp32 forwards up to this many rows (decoding, verification) use our linear kernel
 
 
 def pad_rows(x: Tensor, rows: int) -> Tensor:
@@ -67,33 +67,56 @@ class Linear(nn.Linear):
     other: a row's result is the same whatever number of rows the call carries, as verification
     needs (tested in test_decoder.py).
 
-    Calls of up to KERNEL_ROWS rows (decoding, verification) run our kernel where it applies
-    (`kernels.row_linear`: fp32 weights on AVX2, bf16 weights and inputs on AVX-512 BF16; weights
-    read once for all rows, one fixed-order dot product per output; faster than MKL and oneDNN at
-    one row, measured). The rest run torch's: for bf16 on a CPU with bf16 support a packed weight
-    (oneDNN) makes small-batch products about 1.6x faster with bit-identical results (fp32 packing
-    changes the rounding, so fp32 stays unpacked); fp32 products (MKL) are row-invariant at row
-    counts that are multiples of ROW_ALIGN, so fp32 inputs are padded to one. oneDNN's bf16 rows
-    are row-invariant on some CPUs only (not on AMD Zen 5 once K >= 1536, measured), which is why
-    bf16 verification runs our kernel where the CPU has AVX-512 BF16.
+    bf16 weights are packed at load (`pack_weight`): on CPUs with AVX-512 BF16 for our kernel
+    (`kernels.row_linear_bf16`: one fixed-order dot product per output, a tile of weights read once
+    for all rows; as fast as oneDNN's from 1 to 512 rows, measured), elsewhere for oneDNN's (about
+    1.6x faster than unpacked on small batches). oneDNN's bf16 rows are row-invariant on some CPUs
+    only (on AMD Zen 5 they change with the row count once K >= 1536, measured), which is why our
+    kernel runs wherever it can. fp32 calls of up to KERNEL_ROWS rows (decoding, verification) run
+    our AVX2 kernel (`kernels.row_linear`; faster than MKL at one row, measured); the rest run MKL,
+    row-invariant at row counts that are multiples of ROW_ALIGN, so fp32 inputs are padded to one
+    (fp32 packing for oneDNN would change the rounding, so fp32 stays unpacked).
     """
 
-    packed: Tensor | None = None
+    packed: tuple[str, Tensor] | None = None
 
     def pack(self) -> None:
-        self.packed = torch.ops.mkldnn._reorder_linear_weight(self.weight.detach(), 1)
+        self.packed = pack_weight(self.weight)
 
     def forward(self, x: Tensor) -> Tensor:
+        if self.packed is not None and x.dtype == self.weight.dtype and plain_cpu(x):
+            return packed_linear(x, self.packed, self.bias, self.out_features)
+        if self.weight.dtype != torch.float32 or x.device.type != "cpu":
+            return super().forward(x)
         rows = x.reshape(-1, x.shape[-1])
         M = rows.shape[0]
         if M <= KERNEL_ROWS and (y := row_linear(rows, self.weight, self.bias)) is not None:
             return y.view(*x.shape[:-1], -1)
-        if self.packed is not None:
-            return torch.ops.mkldnn._linear_pointwise(x, self.packed, self.bias, "none", [], "")
-        if x.dtype == torch.float32 and self.weight.dtype == torch.float32 and x.device.type == "cpu" and M % ROW_ALIGN:
+        if x.dtype == torch.float32 and M % ROW_ALIGN:
             # row-invariant only at row counts that are multiples of ROW_ALIGN (measured)
             return super().forward(pad_rows(rows, aligned_rows(M)))[:M].view(*x.shape[:-1], -1)
         return super().forward(x)
+
+
+def pack_weight(weight: Tensor) -> tuple[str, Tensor] | None:
+    """A bf16 CPU weight [N, K] packed for the fastest exact kernel here: ours ("tiles", on CPUs with
+    AVX-512 BF16) or oneDNN's ("onednn", on other CPUs with bf16 support); None where neither runs."""
+    if weight.device.type != "cpu" or weight.dtype != torch.bfloat16:
+        return None
+    if (tiles := kernels.pack_bf16(weight)) is not None:
+        return "tiles", tiles
+    if torch.backends.mkldnn.is_available() and torch.ops.mkldnn._is_mkldnn_bf16_supported():
+        return "onednn", torch.ops.mkldnn._reorder_linear_weight(weight.detach(), 1)
+    return None
+
+
+def packed_linear(x: Tensor, packed: tuple[str, Tensor], bias: Tensor | None, out_features: int) -> Tensor:
+    """x [..., K] (the weight's dtype) times a weight from `pack_weight`: [..., out_features]."""
+    kind, weight = packed
+    if kind == "onednn":
+        return torch.ops.mkldnn._linear_pointwise(x, weight, bias, "none", [], "")
+    y = kernels.row_linear_bf16(x.reshape(-1, x.shape[-1]), weight, out_features, bias)
+    return y.view(*x.shape[:-1], out_features)
 
 
 def causal_mask(start: int, T: int, device: torch.device | str = "cpu") -> Tensor:
@@ -213,6 +236,7 @@ class Stack(nn.Module):
         self.config = config
         self.layers = nn.ModuleList(layer(config) for _ in range(num_layers))
         self._rope_table: tuple[Tensor, Tensor] | None = None
+        self._layer_stack: tuple[tuple, object] | None = None  # (weights' key, kernels.LayerStack or None)
 
     @property
     def weight_like(self) -> Tensor:
@@ -221,15 +245,17 @@ class Stack(nn.Module):
         return self.layers[0].post_attn_norm.weight
 
     def pack_weights(self) -> bool:
-        """Pre-pack every linear weight for oneDNN where that is exact and faster (see `Linear`)."""
+        """Pre-pack every linear weight where that is exact and faster (bf16 on CPUs, see `Linear`)."""
         weight = self.weight_like
-        if not (weight.device.type == "cpu" and weight.dtype == torch.bfloat16
-                and torch.backends.mkldnn.is_available() and torch.ops.mkldnn._is_mkldnn_bf16_supported()):
+        if weight.device.type != "cpu" or weight.dtype != torch.bfloat16:
             return False
+        packed = False
         for module in self.modules():
             if isinstance(module, Linear):
                 module.pack()
-        return True
+                packed |= module.packed is not None
+        self._layer_stack = None  # built again over the packed weights
+        return packed
 
     def new_cache(self, capacity: int, batch: int = 1, dtype: torch.dtype | None = None) -> KVCache:
         c = replace(self.config, num_layers=len(self.layers))
@@ -277,15 +303,54 @@ class Stack(nn.Module):
                 mask = mask.unsqueeze(1)  # [B, 1, T, S]
             groups = self.config.num_heads // self.config.num_kv_heads
             mask = mask.repeat(*([1] * (mask.dim() - 2)), groups, 1)  # rows (group, t), as in Attention
-        captured = []
-        for i, layer in enumerate(self.layers):
-            if i in capture:
+        stack = self.layer_stack() if plain_cpu(x) and x.dtype == cache.k.dtype else None
+        if stack is not None:  # the same layers in one C++ call (kernels.LayerStack)
+            flat = None if mask is None else mask.reshape(-1, *mask.shape[-2:])
+            x, *captured = stack.run(x, cos, sin, cache.k, cache.v, start, flat, list(capture))
+        else:
+            captured = []
+            for i, layer in enumerate(self.layers):
+                if i in capture:
+                    captured.append(x)
+                x = layer(x, cos, sin, cache.k[i], cache.v[i], start, mask)
+            if len(self.layers) in capture:
                 captured.append(x)
-            x = layer(x, cos, sin, cache.k[i], cache.v[i], start, mask)
-        if len(self.layers) in capture:
-            captured.append(x)
         cache.length, cache.written = start + T, T
         return x, captured
+
+    def layer_stack(self):
+        """The layers as one C++ `kernels.LayerStack` for CPU inference, built once per set of
+        weights; None where the Python layers run: other layer types (a draft head's), no C++
+        kernels, or a linear that the stack does not run (see layer_stack.cpp)."""
+        key = (self.weight_like.data_ptr(), self.weight_like.dtype, id(self.layers[0]), id(self.layers[0].attn.qkv))
+        if self._layer_stack is None or self._layer_stack[0] != key:
+            self._layer_stack = key, self._build_layer_stack()
+        return self._layer_stack[1]
+
+    def _build_layer_stack(self):
+        from eaglespec.models.quantize import QuantizedLinear
+
+        module = kernels.loaded()
+        if module is None or self.weight_like.device.type != "cpu" or self.weight_like.dtype not in (torch.float32, torch.bfloat16):
+            return None
+        norms, linears = [], []
+        for layer in self.layers:
+            if type(layer) is not Layer or not isinstance(layer.input_norm, RMSNorm):
+                return None
+            norms += [layer.input_norm.weight.detach(), layer.post_attn_norm.weight.detach()]
+            for linear in (layer.attn.qkv, layer.attn.o, layer.mlp.gate_up, layer.mlp.down):
+                bias = None if linear.bias is None else linear.bias.detach()
+                if isinstance(linear, QuantizedLinear):
+                    spec = (2 if linear.kind == "int4" else 3, linear.packed, linear.scale_offset)
+                elif linear.packed is not None and linear.packed[0] == "tiles":
+                    spec = (0, linear.packed[1], None)
+                elif linear.packed is None and linear.weight.dtype == torch.float32:
+                    spec = (1, linear.weight.detach(), None)
+                else:  # oneDNN-packed or unpacked bf16 weights: the Python layers
+                    return None
+                linears.append((*spec, bias, linear.out_features))
+        c = self.config
+        return module.LayerStack(norms, linears, c.num_heads, c.num_kv_heads, c.rms_norm_eps)
 
     def _windowed(self, mask: Tensor | None, positions: Tensor, start: int, T: int) -> Tensor:
         """Add the sliding-window limit to a mask (Mistral): a key sits at most window-1 behind."""

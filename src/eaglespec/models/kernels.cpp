@@ -6,18 +6,23 @@ torch::Tensor row_attention(torch::Tensor q, torch::Tensor k, torch::Tensor v, c
                             double scale);
 torch::Tensor row_linear(torch::Tensor x, torch::Tensor w, c10::optional<torch::Tensor> bias);
 bool row_linear_available();
-torch::Tensor row_linear_bf16(torch::Tensor x, torch::Tensor w, c10::optional<torch::Tensor> bias);
+torch::Tensor pack_bf16(torch::Tensor w);
+torch::Tensor row_linear_bf16(torch::Tensor x, torch::Tensor packed, int64_t N, c10::optional<torch::Tensor> bias);
 bool row_linear_bf16_available();
 torch::Tensor rms_norm(torch::Tensor x, torch::Tensor w, double eps);
 torch::Tensor silu_mul(torch::Tensor x);
 torch::Tensor rope_store(torch::Tensor qkv, torch::Tensor cos, torch::Tensor sin, torch::Tensor k_cache,
                          torch::Tensor v_cache, int64_t start, int64_t heads, int64_t kv_heads);
 
+void bind_layer_stack(pybind11::module& module);
+
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, module) {
+  bind_layer_stack(module);
   module.def("row_attention", &row_attention, "Row-invariant attention for decoding and verification (CPU)");
   module.def("row_linear", &row_linear, "Row-invariant linear layer over fp32 weights for decoding and verification (CPU)");
   module.def("row_linear_available", &row_linear_available, "Whether row_linear was built (it needs AVX2)");
-  module.def("row_linear_bf16", &row_linear_bf16, "Row-invariant linear layer over bf16 weights and inputs (CPU)");
+  module.def("pack_bf16", &pack_bf16, "bf16 weights [N, K] in row_linear_bf16's layout");
+  module.def("row_linear_bf16", &row_linear_bf16, "Row-invariant linear layer over packed bf16 weights and bf16 inputs (CPU)");
   module.def("row_linear_bf16_available", &row_linear_bf16_available,
              "Whether row_linear_bf16 was built (it needs AVX-512 BF16)");
   module.def("rms_norm", &rms_norm, "RMSNorm, one call (CPU)");

@@ -5,11 +5,14 @@ An interrupted build leaves nothing that blocks the next one (see `_load`).
 
 `row_attention` (row_attention.cpp): attention for decoding and verification whose result for a
 query row depends only on that row and the keys it sees, in slot order.
-`row_linear` (row_linear.cpp): a linear layer over fp32 weights (AVX2) or bf16 weights (AVX-512 BF16)
-whose result for a row depends only on that row (one fixed-order dot product per output), reading
-the weights once for all the rows of a call.
+`row_linear` and `row_linear_bf16` (row_linear.cpp): linear layers over fp32 weights (AVX2) or bf16
+weights (AVX-512 BF16, in their own tiled layout from `pack_bf16`) whose result for a row depends
+only on that row (one fixed-order dot product per output), reading the weights once for all the
+rows of a call.
 `rms_norm`, `silu_mul`, `rope_store` (layer_ops.cpp): a decoder layer's small operations, one call
 each instead of about 60 operator calls per layer, row by row.
+`LayerStack` (layer_stack.cpp): the target's decoder layers for inference, one call for all of
+them (the same operations and kernels as the Python layers, without their dispatch).
 
 Verification then gives each tree node the numbers vanilla decoding gives it, so greedy speculative
 output equals vanilla's in bf16 as in fp32. Where no C++ compiler is found, attention falls back to
@@ -49,7 +52,8 @@ def _load():
                 fcntl.flock(guard, fcntl.LOCK_EX)
                 (build / "lock").unlink(missing_ok=True)
                 _module = load(name=name, sources=[str(Path(__file__).with_name(f"{n}.cpp"))
-                                                   for n in ("kernels", "row_attention", "row_linear", "layer_ops")],
+                                                   for n in ("kernels", "row_attention", "row_linear", "layer_ops",
+                                                             "layer_stack")],
                                extra_cflags=["-O3", "-march=native"], build_directory=str(build), verbose=False)
         except Exception as err:  # no compiler, no ninja: fall back, once, loudly
             _failed = str(err).strip().splitlines()[-1] if str(err).strip() else type(err).__name__
@@ -58,6 +62,11 @@ def _load():
                           "to fix.",
                           stacklevel=3)
     return _module
+
+
+def loaded():
+    """The built kernels' module, or None where they could not be built."""
+    return _load()
 
 
 def _cpu_type() -> str:
@@ -76,24 +85,27 @@ def plain_cpu(*tensors: Tensor) -> bool:
 
 
 def row_linear(x: Tensor, weight: Tensor, bias: Tensor | None) -> Tensor | None:
-    """x [M, K] @ weight [N, K]^T (+ bias), row-invariant, for fp32 weights (AVX2; K a multiple of 8)
-    or bf16 weights and inputs (AVX-512 BF16; K a multiple of 32); None where our kernel does not
-    apply (no compiler or no such instructions, gradients, other dtypes or devices, other K)."""
-    if not plain_cpu(x, weight):
+    """x [M, K] @ weight [N, K]^T (+ bias) for fp32 weights, row-invariant; None where our kernel does
+    not apply (no compiler or no AVX2, gradients, other dtypes or devices, K not a multiple of 8)."""
+    if not (plain_cpu(x, weight) and weight.dtype == torch.float32 and x.dtype in (torch.float32, torch.bfloat16)
+            and x.shape[-1] % 8 == 0):
         return None
-    if weight.dtype == torch.float32 and x.dtype in (torch.float32, torch.bfloat16) and x.shape[-1] % 8 == 0:
-        module = _load()
-        return module.row_linear(x, weight, bias) if module is not None and module.row_linear_available() else None
-    if weight.dtype == torch.bfloat16 and x.dtype == torch.bfloat16 and x.shape[-1] % 32 == 0:
-        module = _load()
-        return module.row_linear_bf16(x, weight, bias) if module is not None and module.row_linear_bf16_available() else None
-    return None
-
-
-def row_linear_bf16_available() -> bool:
-    """Whether bf16 linears run our row-invariant kernel here (a CPU with AVX-512 BF16)."""
     module = _load()
-    return module is not None and module.row_linear_bf16_available()
+    return module.row_linear(x, weight, bias) if module is not None and module.row_linear_available() else None
+
+
+def pack_bf16(weight: Tensor) -> Tensor | None:
+    """A bf16 CPU weight [N, K] in the layout of our bf16 kernel, where this CPU runs it (AVX-512
+    BF16), else None."""
+    if not (weight.device.type == "cpu" and weight.dtype == torch.bfloat16 and weight.shape[-1] % 2 == 0):
+        return None
+    module = _load()
+    return module.pack_bf16(weight.detach()) if module is not None and module.row_linear_bf16_available() else None
+
+
+def row_linear_bf16(x: Tensor, tiles: Tensor, out_features: int, bias: Tensor | None) -> Tensor:
+    """x [M, K] bf16 @ W^T (+ bias) with W packed by `pack_bf16`, row-invariant for any M."""
+    return _load().row_linear_bf16(x, tiles, out_features, bias)
 
 
 def row_attention(q: Tensor, keys: Tensor, values: Tensor, mask: Tensor | None) -> Tensor:

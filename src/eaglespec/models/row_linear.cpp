@@ -5,16 +5,17 @@
 // Each output is one dot product over K in a fixed order, then the lanes combined in one fixed order,
 // the bias added, and the result rounded once to the output dtype:
 // - fp32 weights: 8 fp32 lanes, lane l accumulating fma(x[k], w[k], acc) for k = l, l + 8, ... in order;
-// - bf16 weights (bf16 inputs): 16 fp32 lanes, lane l accumulating x[k] w[k] + x[k+1] w[k+1] for
-//   k = 2l, 2l + 32, ... in order (one vdpbf16ps per 32 inputs), the lanes summed by one reduction.
+// - bf16 weights (bf16 inputs), in the kernel's layout (`pack_bf16`): one fp32 accumulator per output,
+//   adding x[k] w[k] + x[k+1] w[k+1] for k = 0, 2, 4, ... in order (vdpbf16ps, 16 outputs a vector);
+//   no horizontal sums.
 // So a row's result does not depend on how many rows the call carries (verification gives a tree node
 // what one-token decoding gives it), nor on the number of threads (a thread computes whole outputs).
 // oneDNN's bf16 products are not like this on every CPU: on AMD Zen 5 their rows change with the row
 // count once K >= 1536 (measured), so bf16 verification needs this kernel there.
 //
-// A thread takes blocks of 8 weight rows and runs every input row against them while they sit in
-// its cache: three (fp32) or four (bf16) rows at a time, each weight vector serving them all, the
-// rest one at a time.
+// A thread takes blocks of weights (fp32: 8 weight rows; bf16: a tile of 64 outputs) and runs every
+// input row against them while they sit in its cache: three (fp32) or four (bf16) rows at a time,
+// each weight vector serving them all, the rest one at a time.
 
 #include <torch/extension.h>
 #include <ATen/Parallel.h>
@@ -145,91 +146,81 @@ bool row_linear_available() { return false; }
 
 namespace {
 
-constexpr int64_t BF_STEP = 32;   // bf16 inputs per vdpbf16ps
-constexpr int64_t BF_NB = 8;      // outputs per block
+constexpr int64_t COLS = 16;  // outputs per vector (one fp32 lane each)
+constexpr int64_t TILE = 4;   // vectors per tile: a thread computes whole tiles of 64 outputs
+constexpr int64_t ROWS = 4;   // input rows run together against a tile
 
-// The 16 lanes of an accumulator summed in one fixed order (the same instructions for every call).
-inline float lane_sum16(__m512 a) { return _mm512_reduce_add_ps(a); }
-
-inline __m512bh load_bh(const at::BFloat16* p) { return (__m512bh)_mm512_loadu_si512(p); }
-
-// One row against the BF_NB weight rows wr: sums [BF_NB].
-inline void bf_row_block(const at::BFloat16* x, int64_t K, const at::BFloat16* const* wr, float* sums) {
-  __m512 a[BF_NB];
-  for (int j = 0; j < BF_NB; ++j) a[j] = _mm512_setzero_ps();
-  for (int64_t k = 0; k < K; k += BF_STEP) {
-    const __m512bh v = load_bh(x + k);
-    for (int j = 0; j < BF_NB; ++j) a[j] = _mm512_dpbf16_ps(a[j], v, load_bh(wr[j] + k));
-  }
-  for (int j = 0; j < BF_NB; ++j) sums[j] = lane_sum16(a[j]);
-}
-
-// Four rows against 4 weight rows: 16 accumulators. sums [4][BF_NB], at the 4 columns' offsets.
-inline void bf_four_rows(const at::BFloat16* x, int64_t K, const at::BFloat16* const* wr, float* sums) {
-  __m512 a[4][4];
-  for (int r = 0; r < 4; ++r)
-    for (int j = 0; j < 4; ++j) a[r][j] = _mm512_setzero_ps();
-  for (int64_t k = 0; k < K; k += BF_STEP) {
-    const __m512bh v0 = load_bh(x + k), v1 = load_bh(x + K + k), v2 = load_bh(x + 2 * K + k),
-                   v3 = load_bh(x + 3 * K + k);
-    for (int j = 0; j < 4; ++j) {
-      const __m512bh w = load_bh(wr[j] + k);
-      a[0][j] = _mm512_dpbf16_ps(a[0][j], v0, w);
-      a[1][j] = _mm512_dpbf16_ps(a[1][j], v1, w);
-      a[2][j] = _mm512_dpbf16_ps(a[2][j], v2, w);
-      a[3][j] = _mm512_dpbf16_ps(a[3][j], v3, w);
+// R rows (R <= ROWS) against one tile of TILE * COLS outputs: acc[r][v] lane c accumulates output
+// (tile, v, c) of row r over the K / 2 input pairs in order.
+template <int R>
+inline void tile_rows(const at::BFloat16* x, int64_t K, const at::BFloat16* tile, const float* bias, int64_t n0,
+                      int64_t N, at::BFloat16* y, int64_t ldy) {
+  __m512 acc[R][TILE];
+  for (int r = 0; r < R; ++r)
+    for (int v = 0; v < TILE; ++v) acc[r][v] = _mm512_setzero_ps();
+  const int64_t pairs = K / 2;
+  const int32_t* xr[R];
+  for (int r = 0; r < R; ++r) xr[r] = reinterpret_cast<const int32_t*>(x + r * K);
+  for (int64_t k = 0; k < pairs; ++k) {
+    __m512bh xb[R];
+    for (int r = 0; r < R; ++r) xb[r] = (__m512bh)_mm512_set1_epi32(xr[r][k]);
+    const at::BFloat16* wk = tile + k * TILE * COLS * 2;
+    for (int v = 0; v < TILE; ++v) {
+      const __m512bh w = (__m512bh)_mm512_loadu_si512(wk + v * COLS * 2);
+      for (int r = 0; r < R; ++r) acc[r][v] = _mm512_dpbf16_ps(acc[r][v], xb[r], w);
     }
   }
-  for (int r = 0; r < 4; ++r)
-    for (int j = 0; j < 4; ++j) sums[r * BF_NB + j] = lane_sum16(a[r][j]);
-}
-
-void bf_run(const at::BFloat16* x, int64_t M, int64_t K, const at::BFloat16* w, int64_t N, const float* bias,
-            at::BFloat16* y) {
-  const int64_t blocks = (N + BF_NB - 1) / BF_NB;
-  at::parallel_for(0, blocks, 8, [&](int64_t begin, int64_t end) {
-    float sums[4 * BF_NB];
-    auto write = [&](int64_t m, int64_t n0, const float* l) {
-      for (int64_t j = 0; j < BF_NB && n0 + j < N; ++j) {
-        float v = l[j];
-        if (bias) v += bias[n0 + j];
-        y[m * N + n0 + j] = static_cast<at::BFloat16>(v);
-      }
-    };
-    for (int64_t b = begin; b < end; ++b) {
-      const int64_t n0 = b * BF_NB;
-      const at::BFloat16* wr[BF_NB];  // past the last output the block repeats row n0 (its results are dropped)
-      for (int64_t j = 0; j < BF_NB; ++j) wr[j] = w + (n0 + j < N ? n0 + j : n0) * K;
-      int64_t m = 0;
-      for (; m + 4 <= M; m += 4) {
-        bf_four_rows(x + m * K, K, wr, sums);
-        bf_four_rows(x + m * K, K, wr + 4, sums + 4);
-        for (int64_t r = 0; r < 4; ++r) write(m + r, n0, sums + r * BF_NB);
-      }
-      for (; m < M; ++m) {
-        bf_row_block(x + m * K, K, wr, sums);
-        write(m, n0, sums);
-      }
-    }
-  });
+  for (int v = 0; v < TILE; ++v) {
+    const int64_t c0 = n0 + v * COLS;
+    if (c0 >= N) break;
+    const int64_t width = N - c0 < COLS ? N - c0 : COLS;
+    const __mmask16 keep = static_cast<__mmask16>((1u << width) - 1);
+    const __m512 b = bias ? _mm512_maskz_loadu_ps(keep, bias + c0) : _mm512_setzero_ps();
+    for (int r = 0; r < R; ++r)
+      _mm256_mask_storeu_epi16(y + r * ldy + c0, keep, (__m256i)_mm512_cvtneps_pbh(_mm512_add_ps(acc[r][v], b)));
+  }
 }
 
 }  // namespace
 
-// x [M, K] and w [N, K] bfloat16, K % 32 == 0; bias [N] or undefined. Returns y [M, N] in bfloat16.
-torch::Tensor row_linear_bf16(torch::Tensor x, torch::Tensor w, c10::optional<torch::Tensor> bias) {
-  TORCH_CHECK(x.dim() == 2 && w.dim() == 2 && x.size(1) == w.size(1), "x [M, K] and w [N, K] expected");
-  TORCH_CHECK(x.device().is_cpu() && w.device().is_cpu(), "row_linear runs on CPUs");
-  TORCH_CHECK(x.scalar_type() == torch::kBFloat16 && w.scalar_type() == torch::kBFloat16,
-              "row_linear_bf16 takes bfloat16 inputs and weights");
-  TORCH_CHECK(x.size(1) % BF_STEP == 0, "row_linear_bf16 needs K % 32 == 0");
+// w [N, K] bfloat16, K % 2 == 0 -> the kernel's layout [ceil(N / 64), K / 2, 64, 2]: for each tile of
+// 64 outputs, the input pairs in order, each pair's weights of the 64 outputs side by side (zeros
+// past N), so a tile is one sequential stream.
+torch::Tensor pack_bf16(torch::Tensor w) {
+  TORCH_CHECK(w.dim() == 2 && w.scalar_type() == torch::kBFloat16 && w.size(1) % 2 == 0,
+              "pack_bf16 takes bf16 weights [N, K] with K even");
+  const int64_t N = w.size(0), K = w.size(1), width = TILE * COLS, tiles = (N + width - 1) / width;
+  auto padded = torch::zeros({tiles * width, K}, w.options());
+  padded.narrow(0, 0, N).copy_(w);
+  return padded.view({tiles, width, K / 2, 2}).permute({0, 2, 1, 3}).contiguous();
+}
+
+// x [M, K] bfloat16; packed from pack_bf16 (N outputs); bias [N] or undefined. Returns y [M, N] bf16.
+torch::Tensor row_linear_bf16(torch::Tensor x, torch::Tensor packed, int64_t N, c10::optional<torch::Tensor> bias) {
+  TORCH_CHECK(x.dim() == 2 && x.scalar_type() == torch::kBFloat16 && x.device().is_cpu(),
+              "row_linear_bf16 takes bf16 inputs [M, K] on the CPU");
+  const int64_t M = x.size(0), K = x.size(1);
+  TORCH_CHECK(packed.dim() == 4 && packed.scalar_type() == torch::kBFloat16 && packed.size(1) * 2 == K &&
+                  packed.size(2) == TILE * COLS && packed.size(3) == 2 && packed.size(0) * TILE * COLS >= N &&
+                  packed.is_contiguous(),
+              "row_linear_bf16: weights not from pack_bf16 for this input size");
   auto xc = x.contiguous();
-  auto wc = w.contiguous();
   torch::Tensor b;
   if (bias.has_value() && bias->defined()) b = bias->to(torch::kFloat).contiguous();
-  auto y = torch::empty({x.size(0), w.size(0)}, x.options());
-  bf_run(xc.data_ptr<at::BFloat16>(), x.size(0), x.size(1), wc.data_ptr<at::BFloat16>(), w.size(0),
-         b.defined() ? b.data_ptr<float>() : nullptr, y.data_ptr<at::BFloat16>());
+  const float* bp = b.defined() ? b.data_ptr<float>() : nullptr;
+  auto y = torch::empty({M, N}, x.options());
+  const at::BFloat16* xp = xc.data_ptr<at::BFloat16>();
+  const at::BFloat16* wp = packed.data_ptr<at::BFloat16>();
+  at::BFloat16* yp = y.data_ptr<at::BFloat16>();
+  at::parallel_for(0, packed.size(0), 1, [&](int64_t begin, int64_t end) {
+    for (int64_t t = begin; t < end; ++t) {
+      const at::BFloat16* tile = wp + t * TILE * COLS * K;
+      const int64_t n0 = t * TILE * COLS;
+      int64_t m = 0;
+      for (; m + ROWS <= M; m += ROWS) tile_rows<ROWS>(xp + m * K, K, tile, bp, n0, N, yp + m * N, N);
+      for (; m < M; ++m) tile_rows<1>(xp + m * K, K, tile, bp, n0, N, yp + m * N, N);
+    }
+  });
   return y;
 }
 
@@ -237,7 +228,9 @@ bool row_linear_bf16_available() { return true; }
 
 #else  // no AVX-512 BF16: bf16 linears run oneDNN's (kernels.py asks first)
 
-torch::Tensor row_linear_bf16(torch::Tensor x, torch::Tensor w, c10::optional<torch::Tensor> bias) {
+torch::Tensor pack_bf16(torch::Tensor w) { TORCH_CHECK(false, "built without AVX-512 BF16"); }
+
+torch::Tensor row_linear_bf16(torch::Tensor x, torch::Tensor packed, int64_t N, c10::optional<torch::Tensor> bias) {
   TORCH_CHECK(false, "row_linear_bf16 was built without AVX-512 BF16");
 }
 

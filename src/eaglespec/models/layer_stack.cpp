@@ -1,0 +1,150 @@
+// The target's decoder layers for inference on CPUs, run in one call: the same operations, in the
+// same order and with the same kernels as the Python layers (`Layer`, `Attention`, `MLP` in
+// decoder.py), without a Python call per operation. At one token per forward, a layer's Python
+// dispatch (about 20 operator and module calls) costs more than its arithmetic; this loop keeps
+// the arithmetic and drops the dispatch. Its result equals the Python layers' bit for bit (tested).
+//
+// A LayerStack is built once per model (`Decoder.layer_stack`) from each layer's weights: two norm
+// weights and four linears, each linear one of
+//   TILES  bf16 weights packed for row_linear_bf16 (AVX-512 BF16)
+//   FP32   fp32 weights: row_linear up to 128 rows, else MKL with rows padded to a multiple of 4
+//   INT4   torch's _weight_int4pack_mm_for_cpu over bf16 activations
+//   INT8   torch's _weight_int8pack_mm over bf16 activations
+// (bf16 weights packed for oneDNN, on CPUs without AVX-512 BF16, keep the Python layers).
+
+#include <torch/extension.h>
+
+#include <algorithm>
+#include <cmath>
+#include <vector>
+
+torch::Tensor row_attention(torch::Tensor q, torch::Tensor k, torch::Tensor v, c10::optional<torch::Tensor> mask,
+                            double scale);
+torch::Tensor row_linear(torch::Tensor x, torch::Tensor w, c10::optional<torch::Tensor> bias);
+bool row_linear_available();
+torch::Tensor row_linear_bf16(torch::Tensor x, torch::Tensor packed, int64_t N, c10::optional<torch::Tensor> bias);
+torch::Tensor rms_norm(torch::Tensor x, torch::Tensor w, double eps);
+torch::Tensor silu_mul(torch::Tensor x);
+torch::Tensor rope_store(torch::Tensor qkv, torch::Tensor cos, torch::Tensor sin, torch::Tensor k_cache,
+                         torch::Tensor v_cache, int64_t start, int64_t heads, int64_t kv_heads);
+
+namespace {
+
+enum Kind : int64_t { TILES = 0, FP32 = 1, INT4 = 2, INT8 = 3 };
+constexpr int64_t KERNEL_ROWS = 128;  // as in decoder.py
+constexpr int64_t ROW_ALIGN = 4;
+constexpr int64_t INT4_GROUP = 32;    // as in quantize.py
+
+struct LinearSpec {
+  int64_t kind;
+  torch::Tensor weight;  // TILES: packed; FP32: [N, K]; INT4 / INT8: the packed codes
+  torch::Tensor scales;  // INT4: scale_offset; INT8: per-row scales; else undefined
+  c10::optional<torch::Tensor> bias;
+  int64_t out_features;
+
+  // x [B, T, K] in the model's dtype -> [B, T, N]
+  torch::Tensor operator()(const torch::Tensor& x) const {
+    const auto B = x.size(0), T = x.size(1);
+    auto rows = x.reshape({B * T, x.size(2)});
+    const int64_t M = rows.size(0);
+    torch::Tensor y;
+    switch (kind) {
+      case TILES:
+        y = row_linear_bf16(rows, weight, out_features, bias);
+        break;
+      case FP32:
+        if (M <= KERNEL_ROWS && rows.size(1) % 8 == 0 && row_linear_available()) {
+          y = row_linear(rows, weight, bias);
+        } else if (rows.scalar_type() == at::kFloat && M % ROW_ALIGN) {
+          const int64_t padded = (M + ROW_ALIGN - 1) / ROW_ALIGN * ROW_ALIGN;
+          y = at::linear(at::constant_pad_nd(rows, {0, 0, 0, padded - M}), weight, bias).narrow(0, 0, M);
+        } else {
+          return at::linear(x, weight, bias);  // as Linear.forward: the 3-d call
+        }
+        break;
+      case INT4:
+      case INT8: {
+        auto in = rows.to(at::kBFloat16).contiguous();
+        y = (kind == INT4 ? at::_weight_int4pack_mm_for_cpu(in, weight, INT4_GROUP, scales)
+                          : at::_weight_int8pack_mm(in, weight, scales)).to(x.scalar_type());
+        if (bias.has_value()) y = y + *bias;
+        break;
+      }
+      default:
+        TORCH_CHECK(false, "LayerStack: unknown linear kind");
+    }
+    return y.view({B, T, out_features});
+  }
+};
+
+struct LayerWeights {
+  torch::Tensor input_norm, post_attn_norm;
+  LinearSpec qkv, o, gate_up, down;
+};
+
+class LayerStack {
+ public:
+  // norms: 2 per layer (input, post-attention); linears: 4 per layer (qkv, o, gate_up, down), each
+  // (kind, weight, scales or None, bias or None, out_features)
+  LayerStack(std::vector<torch::Tensor> norms, std::vector<std::tuple<int64_t, torch::Tensor, c10::optional<torch::Tensor>,
+                                                                     c10::optional<torch::Tensor>, int64_t>> linears,
+             int64_t heads, int64_t kv_heads, double eps)
+      : heads_(heads), kv_heads_(kv_heads), eps_(eps) {
+    TORCH_CHECK(norms.size() % 2 == 0 && linears.size() == norms.size() * 2, "LayerStack: 2 norms and 4 linears a layer");
+    auto spec = [](const auto& t) {
+      const auto& [kind, weight, scales, bias, out] = t;
+      return LinearSpec{kind, weight, scales.has_value() ? *scales : torch::Tensor(), bias, out};
+    };
+    for (size_t i = 0; i < norms.size() / 2; ++i)
+      layers_.push_back({norms[2 * i], norms[2 * i + 1], spec(linears[4 * i]), spec(linears[4 * i + 1]),
+                         spec(linears[4 * i + 2]), spec(linears[4 * i + 3])});
+  }
+
+  // x [B, T, H]; cos, sin [B, 1, T, D]; k, v [L, B, kv_heads, capacity, D]; mask undefined or bool
+  // [rows, T * groups, S] (grouped as in Stack.run_layers). Returns the output, then the hidden
+  // states entering the layers listed in `capture` (index L: the output), in index order.
+  std::vector<torch::Tensor> run(torch::Tensor x, torch::Tensor cos, torch::Tensor sin, torch::Tensor k,
+                                 torch::Tensor v, int64_t start, c10::optional<torch::Tensor> mask,
+                                 std::vector<int64_t> capture) const {
+    const int64_t B = x.size(0), T = x.size(1), end = start + T, L = static_cast<int64_t>(layers_.size());
+    const int64_t groups = heads_ / kv_heads_;
+    std::vector<torch::Tensor> out{torch::Tensor()};
+    auto captured = [&](int64_t i) { return std::find(capture.begin(), capture.end(), i) != capture.end(); };
+    for (int64_t i = 0; i < L; ++i) {
+      const LayerWeights& w = layers_[i];
+      if (captured(i)) out.push_back(x);
+      auto k_cache = k.select(0, i), v_cache = v.select(0, i);
+      auto q = rope_store(w.qkv(rms_norm(x, w.input_norm, eps_)), cos, sin, k_cache, v_cache, start, heads_, kv_heads_);
+      auto keys = k_cache.narrow(2, 0, end), values = v_cache.narrow(2, 0, end);
+      const int64_t D = q.size(3);
+      torch::Tensor y;
+      if (!mask.has_value() && T > 1) {
+        y = at::scaled_dot_product_attention(q, keys, values, {}, 0.0, true, c10::nullopt, heads_ != kv_heads_);
+      } else {
+        y = row_attention(q.reshape({B, kv_heads_, groups * T, D}), keys, values, mask, std::pow(double(D), -0.5))
+                .view({B, heads_, T, D});
+      }
+      x = x + w.o(y.transpose(1, 2).reshape({B, T, heads_ * D}));
+      x = x + w.down(silu_mul(w.gate_up(rms_norm(x, w.post_attn_norm, eps_))));
+    }
+    if (captured(L)) out.push_back(x);
+    out[0] = x;
+    return out;
+  }
+
+ private:
+  std::vector<LayerWeights> layers_;
+  int64_t heads_, kv_heads_;
+  double eps_;
+};
+
+}  // namespace
+
+void bind_layer_stack(pybind11::module& module) {
+  pybind11::class_<LayerStack>(module, "LayerStack")
+      .def(pybind11::init<std::vector<torch::Tensor>,
+                          std::vector<std::tuple<int64_t, torch::Tensor, c10::optional<torch::Tensor>,
+                                                 c10::optional<torch::Tensor>, int64_t>>,
+                          int64_t, int64_t, double>())
+      .def("run", &LayerStack::run);
+}
