@@ -149,36 +149,48 @@ namespace {
 constexpr int64_t COLS = 16;  // outputs per vector (one fp32 lane each)
 constexpr int64_t TILE = 4;   // vectors per tile: a thread computes whole tiles of 64 outputs
 constexpr int64_t ROWS = 4;   // input rows run together against a tile
+#ifndef PREFETCH_BYTES
+#define PREFETCH_BYTES 4096
+#endif
+constexpr int64_t PREFETCH = PREFETCH_BYTES;
 
-// R rows (R <= ROWS) against one tile of TILE * COLS outputs: acc[r][v] lane c accumulates output
-// (tile, v, c) of row r over the K / 2 input pairs in order.
-template <int R>
-inline void tile_rows(const at::BFloat16* x, int64_t K, const at::BFloat16* tile, const float* bias, int64_t n0,
-                      int64_t N, at::BFloat16* y, int64_t ldy) {
-  __m512 acc[R][TILE];
+// R rows against NT tiles of TILE * COLS outputs each: acc[r][t * TILE + v] lane c accumulates
+// output (tiles[t], v, c) of row r over the K / 2 input pairs in order. (Every variant computes an
+// output the same way; NT > 1 gives a single row more independent accumulators and weight streams.)
+template <int R, int NT>
+inline void tile_rows(const at::BFloat16* x, int64_t K, const at::BFloat16* const* tiles, const int64_t* n0,
+                      const float* bias, int64_t N, at::BFloat16* y, int64_t ldy) {
+  __m512 acc[R][NT * TILE];
   for (int r = 0; r < R; ++r)
-    for (int v = 0; v < TILE; ++v) acc[r][v] = _mm512_setzero_ps();
+    for (int v = 0; v < NT * TILE; ++v) acc[r][v] = _mm512_setzero_ps();
   const int64_t pairs = K / 2;
   const int32_t* xr[R];
   for (int r = 0; r < R; ++r) xr[r] = reinterpret_cast<const int32_t*>(x + r * K);
   for (int64_t k = 0; k < pairs; ++k) {
     __m512bh xb[R];
     for (int r = 0; r < R; ++r) xb[r] = (__m512bh)_mm512_set1_epi32(xr[r][k]);
-    const at::BFloat16* wk = tile + k * TILE * COLS * 2;
-    for (int v = 0; v < TILE; ++v) {
-      const __m512bh w = (__m512bh)_mm512_loadu_si512(wk + v * COLS * 2);
-      for (int r = 0; r < R; ++r) acc[r][v] = _mm512_dpbf16_ps(acc[r][v], xb[r], w);
+    for (int t = 0; t < NT; ++t) {
+      const at::BFloat16* wk = tiles[t] + k * TILE * COLS * 2;
+      // the weights stream from memory once per call: ask for them PREFETCH bytes ahead
+      for (int l = 0; l < TILE * COLS * 2 * 2; l += 64)
+        _mm_prefetch(reinterpret_cast<const char*>(wk) + PREFETCH + l, _MM_HINT_T0);
+      for (int v = 0; v < TILE; ++v) {
+        const __m512bh w = (__m512bh)_mm512_loadu_si512(wk + v * COLS * 2);
+        for (int r = 0; r < R; ++r) acc[r][t * TILE + v] = _mm512_dpbf16_ps(acc[r][t * TILE + v], xb[r], w);
+      }
     }
   }
-  for (int v = 0; v < TILE; ++v) {
-    const int64_t c0 = n0 + v * COLS;
-    if (c0 >= N) break;
-    const int64_t width = N - c0 < COLS ? N - c0 : COLS;
-    const __mmask16 keep = static_cast<__mmask16>((1u << width) - 1);
-    const __m512 b = bias ? _mm512_maskz_loadu_ps(keep, bias + c0) : _mm512_setzero_ps();
-    for (int r = 0; r < R; ++r)
-      _mm256_mask_storeu_epi16(y + r * ldy + c0, keep, (__m256i)_mm512_cvtneps_pbh(_mm512_add_ps(acc[r][v], b)));
-  }
+  for (int t = 0; t < NT; ++t)
+    for (int v = 0; v < TILE; ++v) {
+      const int64_t c0 = n0[t] + v * COLS;
+      if (c0 >= N) break;
+      const int64_t width = N - c0 < COLS ? N - c0 : COLS;
+      const __mmask16 keep = static_cast<__mmask16>((1u << width) - 1);
+      const __m512 b = bias ? _mm512_maskz_loadu_ps(keep, bias + c0) : _mm512_setzero_ps();
+      for (int r = 0; r < R; ++r)
+        _mm256_mask_storeu_epi16(y + r * ldy + c0, keep,
+                                 (__m256i)_mm512_cvtneps_pbh(_mm512_add_ps(acc[r][t * TILE + v], b)));
+    }
 }
 
 }  // namespace
@@ -213,12 +225,20 @@ torch::Tensor row_linear_bf16(torch::Tensor x, torch::Tensor packed, int64_t N, 
   const at::BFloat16* wp = packed.data_ptr<at::BFloat16>();
   at::BFloat16* yp = y.data_ptr<at::BFloat16>();
   at::parallel_for(0, packed.size(0), 1, [&](int64_t begin, int64_t end) {
-    for (int64_t t = begin; t < end; ++t) {
-      const at::BFloat16* tile = wp + t * TILE * COLS * K;
-      const int64_t n0 = t * TILE * COLS;
+    // tiles in pairs (t, t + half) of this thread's range: rows in groups of ROWS against each tile,
+    // the rest of the rows against both tiles at once
+    const int64_t half = (end - begin + 1) / 2;
+    for (int64_t t = begin; t < begin + half; ++t) {
+      const int64_t count = t + half < end ? 2 : 1;
+      const at::BFloat16* tile[2] = {wp + t * TILE * COLS * K, wp + (t + half) * TILE * COLS * K};
+      const int64_t n0[2] = {t * TILE * COLS, (t + half) * TILE * COLS};
       int64_t m = 0;
-      for (; m + ROWS <= M; m += ROWS) tile_rows<ROWS>(xp + m * K, K, tile, bp, n0, N, yp + m * N, N);
-      for (; m < M; ++m) tile_rows<1>(xp + m * K, K, tile, bp, n0, N, yp + m * N, N);
+      for (; m + ROWS <= M; m += ROWS)
+        for (int64_t i = 0; i < count; ++i) tile_rows<ROWS, 1>(xp + m * K, K, tile + i, n0 + i, bp, N, yp + m * N, N);
+      for (; m < M; ++m) {
+        if (count == 2) tile_rows<1, 2>(xp + m * K, K, tile, n0, bp, N, yp + m * N, N);
+        else tile_rows<1, 1>(xp + m * K, K, tile, n0, bp, N, yp + m * N, N);
+      }
     }
   });
   return y;
