@@ -132,3 +132,22 @@ def test_fused_layer_ops_leave_training_to_torch():
     assert kernels.rms_norm(torch.randn(2, 64), w.detach().bfloat16(), 1e-5) is None  # mixed dtypes
     with torch.no_grad():
         assert kernels.rms_norm(torch.randn(2, 64), w, 1e-5) is not None
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("D", [8, 16, 64, 80, 128])
+def test_row_attention_computes_softmax_attention_row_by_row(dtype, D):
+    """Against torch's attention (every head size: whole and partial 16-lane chunks), and a row's
+    numbers are those it gets alone over just the keys it sees."""
+    g = torch.Generator().manual_seed(4)
+    B, H, M, S = 2, 3, 5, 40
+    q, k, v = (torch.randn(B, H, n, D, generator=g).to(dtype) for n in (M, S, S))
+    mask = torch.rand(B, 1, M, S, generator=g) < 0.6
+    mask[..., 0] = True  # every row sees a key
+    y = kernels.row_attention(q, k, v, mask)
+    ref = torch.nn.functional.scaled_dot_product_attention(q.double(), k.double(), v.double(), attn_mask=mask)
+    assert ((y.double() - ref).abs() <= (1e-5 if dtype == torch.float32 else ref.abs() * 2**-7 + 1e-3)).all()
+    for b, r in [(0, 0), (1, 3)]:
+        seen = mask[b, 0, r]
+        alone = kernels.row_attention(q[b:b + 1, :, r:r + 1], k[b:b + 1, :, seen], v[b:b + 1, :, seen], None)
+        assert torch.equal(alone[0, :, 0], y[b, :, r])
