@@ -77,11 +77,16 @@ void attend(const torch::Tensor& q, const torch::Tensor& k, const torch::Tensor&
 }
 
 #ifdef __AVX512F__
-// The same contract with AVX-512, for any D: over the row's visible keys in slot order (their
-// compacted index i = 0, 1, ...), score_i = q . k_i as one 16-lane fp32 chain over D (masked past D)
-// then one lane reduction; e_i = exp(score_i - max) by one fixed polynomial; the normalizer and
-// the weighted sum of values accumulated in lanes / accumulator sets chosen by i. Every choice
-// depends on i only, so a row's numbers depend on its query and its visible keys alone.
+// The same contract with AVX-512, in two passes, for any D <= 256:
+// 1. scores s[r, j] = (scale q_r) . k_j for every row and every key, masked or not: 16 keys at a
+//    time, transposed, so that s[r, j] is one fp32 chain over d = 0, 1, ... (a function of q_r and
+//    k_j alone);
+// 2. per row, over its visible keys: the max, e_j = exp(s_j - max) by one fixed polynomial (0 for a
+//    key it does not see), the normalizer summed in lanes chosen by the visible key's index among
+//    the visible ones, and out = sum_j e_j v_j as one chain per output over the keys in slot order,
+//    where the keys it does not see add exact zeros. Rows of a kv head run four at a time against
+//    each value, each row's chains the same as alone.
+// So a row's numbers depend on its query and its visible keys, in order, alone.
 
 inline __m512 load16(const float* p, __mmask16 m) { return _mm512_maskz_loadu_ps(m, p); }
 inline __m512 load16(const at::BFloat16* p, __mmask16 m) {
@@ -105,20 +110,81 @@ inline __m512 exp16(__m512 x) {
   return _mm512_scalef_ps(p, n);
 }
 
-// CHUNKS = ceil(D / 16), a compile-time constant so that the query and the accumulators stay in
-// registers.
+inline __mmask16 first(int64_t n) { return static_cast<__mmask16>(n >= 16 ? 0xFFFF : n > 0 ? (1u << n) - 1 : 0); }
+
+// Which of keys j..j+15 (< S) a row sees: its mask bytes (null: all keys).
+inline __mmask16 seen(const bool* visible, int64_t j, int64_t S) {
+  const __mmask16 in = first(S - j);
+  if (!visible) return in;
+  const __m128i bytes = _mm_maskz_loadu_epi8(in, visible + j);
+  return _mm_test_epi8_mask(bytes, bytes);
+}
+
+// Keys i = 0..n-1 (n <= 16) at kbase + i * stride, transposed: kt[d * 16 + i] (zeros for i >= n).
+inline void gather_keys(const float* kbase, int64_t stride, int64_t n, int64_t D, float* kt) {
+  const __m512i at = _mm512_mullo_epi32(_mm512_set_epi32(15, 14, 13, 12, 11, 10, 9, 8, 7, 6, 5, 4, 3, 2, 1, 0),
+                                        _mm512_set1_epi32(static_cast<int>(stride)));
+  const __mmask16 m = first(n);
+  for (int64_t d = 0; d < D; ++d)
+    _mm512_storeu_ps(kt + d * 16, _mm512_mask_i32gather_ps(_mm512_setzero_ps(), m, at, kbase + d, 4));
+}
+inline void gather_keys(const at::BFloat16* kbase, int64_t stride, int64_t n, int64_t D, float* kt) {
+  // 32-bit words hold two bf16 numbers (d, d + 1): strides in bf16 elements, gathered in bytes
+  const __m512i at = _mm512_mullo_epi32(_mm512_set_epi32(15, 14, 13, 12, 11, 10, 9, 8, 7, 6, 5, 4, 3, 2, 1, 0),
+                                        _mm512_set1_epi32(static_cast<int>(2 * stride)));
+  const __mmask16 m = first(n);
+  const __m512i high = _mm512_set1_epi32(static_cast<int>(0xFFFF0000u));
+  int64_t d = 0;
+  for (; d + 2 <= D; d += 2) {
+    const __m512i w = _mm512_mask_i32gather_epi32(_mm512_setzero_si512(), m, at, kbase + d, 1);
+    _mm512_storeu_ps(kt + d * 16, _mm512_castsi512_ps(_mm512_slli_epi32(w, 16)));
+    _mm512_storeu_ps(kt + (d + 1) * 16, _mm512_castsi512_ps(_mm512_and_si512(w, high)));
+  }
+  for (; d < D; ++d)  // an odd last element: one at a time
+    for (int64_t i = 0; i < 16; ++i) kt[d * 16 + i] = i < n ? static_cast<float>(kbase[i * stride + d]) : 0.0f;
+}
+
+// R query rows (scaled by sc) against one transposed block of 16 keys: s[r][i] = one fp32 chain over d.
+template <typename T, int R>
+inline void block_scores(const T* q, int64_t qstride, float sc, int64_t D, const float* kt, float* s, int64_t ld) {
+  __m512 acc[R];
+  for (int r = 0; r < R; ++r) acc[r] = _mm512_mul_ps(_mm512_set1_ps(static_cast<float>(q[r * qstride]) * sc), _mm512_loadu_ps(kt));
+  for (int64_t d = 1; d < D; ++d) {
+    const __m512 key = _mm512_loadu_ps(kt + d * 16);
+    for (int r = 0; r < R; ++r)
+      acc[r] = _mm512_fmadd_ps(_mm512_set1_ps(static_cast<float>(q[r * qstride + d]) * sc), key, acc[r]);
+  }
+  for (int r = 0; r < R; ++r) _mm512_storeu_ps(s + r * ld, acc[r]);
+}
+
+// R rows' outputs over D = 16 * CHUNKS (zero-padded) lanes: acc[r][c] += e[r][j] v_j, keys in order.
+template <typename T, int64_t CHUNKS, int R>
+inline void weighted_values(const float* const* e, const T* vbase, int64_t vstride, int64_t S,
+                            const __mmask16* lanes, float* const* out) {
+  __m512 acc[R][CHUNKS];
+  for (int r = 0; r < R; ++r)
+    for (int64_t c = 0; c < CHUNKS; ++c) acc[r][c] = _mm512_setzero_ps();
+  for (int64_t j = 0; j < S; ++j) {
+    const T* value = vbase + j * vstride;
+    __m512 weight[R];
+    for (int r = 0; r < R; ++r) weight[r] = _mm512_set1_ps(e[r][j]);
+    for (int64_t c = 0; c < CHUNKS; ++c) {
+      const __m512 x = load16(value + 16 * c, lanes[c]);
+      for (int r = 0; r < R; ++r) acc[r][c] = _mm512_fmadd_ps(weight[r], x, acc[r][c]);
+    }
+  }
+  for (int r = 0; r < R; ++r)
+    for (int64_t c = 0; c < CHUNKS; ++c) _mm512_storeu_ps(out[r] + 16 * c, acc[r][c]);
+}
+
+// CHUNKS = ceil(D / 16), a compile-time constant so that accumulators stay in registers.
 template <typename T, int64_t CHUNKS>
 void attend512(const torch::Tensor& q, const torch::Tensor& k, const torch::Tensor& v, const torch::Tensor& mask,
                torch::Tensor& out, double scale) {
   const int64_t B = q.size(0), H = q.size(1), M = q.size(2), D = q.size(3), S = k.size(2);
-  constexpr int64_t chunks = CHUNKS;
-  // chunk c's lanes inside D (chunks past ceil(D / 16) load zeros and add nothing)
-  __mmask16 lane_masks[CHUNKS];
-  for (int64_t c = 0; c < CHUNKS; ++c) {
-    const int64_t width = D - 16 * c;
-    lane_masks[c] = static_cast<__mmask16>(width >= 16 ? 0xFFFF : width > 0 ? (1u << width) - 1 : 0);
-  }
-  auto lanes = [&](int64_t c) { return lane_masks[c]; };
+  const int64_t blocks = (S + 15) / 16;
+  __mmask16 lanes[CHUNKS];  // chunk c's lanes inside D (chunks past ceil(D / 16) load zeros)
+  for (int64_t c = 0; c < CHUNKS; ++c) lanes[c] = first(D - 16 * c);
   const T* qp = q.data_ptr<T>();
   const T* kp = k.data_ptr<T>();
   const T* vp = v.data_ptr<T>();
@@ -126,58 +192,74 @@ void attend512(const torch::Tensor& q, const torch::Tensor& k, const torch::Tens
   const bool* mp = mask.defined() ? mask.data_ptr<bool>() : nullptr;
   const int64_t mask_batch = mask.defined() && mask.size(0) > 1 ? mask.stride(0) : 0;
   const auto qs = q.strides(), ks = k.strides(), vs = v.strides(), os = out.strides();
-  at::parallel_for(0, B * H * M, 1, [&](int64_t begin, int64_t end) {
-    std::vector<float> scores(S + 16);
-    std::vector<int64_t> seen(S);
-    for (int64_t row = begin; row < end; ++row) {
-      const int64_t b = row / (H * M), h = (row / M) % H, r = row % M;
-      const T* qrow = qp + b * qs[0] + h * qs[1] + r * qs[2];
-      __m512 query[CHUNKS];
-      for (int64_t c = 0; c < chunks; ++c)
-        query[c] = _mm512_mul_ps(load16(qrow + 16 * c, lanes(c)), _mm512_set1_ps(static_cast<float>(scale)));
-      const bool* visible = mp ? mp + b * mask_batch + r * S : nullptr;
-      const T* kbase = kp + b * ks[0] + h * ks[1];
+  const int64_t ld = blocks * 16;  // a row's scores, padded to whole blocks
+  std::vector<float> scores(B * H * M * ld);
+  const float sc = static_cast<float>(scale);
+
+  // 1. scores, per (b, h, block of 16 keys)
+  at::parallel_for(0, B * H * blocks, 1, [&](int64_t begin, int64_t end) {
+    std::vector<float> kt(16 * CHUNKS * 16);  // [d][key] of one block
+    for (int64_t item = begin; item < end; ++item) {
+      const int64_t bh = item / blocks, block = item % blocks, b = bh / H, h = bh % H;
+      const int64_t j0 = block * 16, n = S - j0 < 16 ? S - j0 : 16;
+      const T* kbase = kp + b * ks[0] + h * ks[1] + j0 * ks[2];
+      gather_keys(kbase, ks[2], n, D, kt.data());
+      const T* qbase = qp + b * qs[0] + h * qs[1];
+      float* sbase = scores.data() + bh * M * ld + j0;
+      int64_t r = 0;
+      for (; r + 8 <= M; r += 8) block_scores<T, 8>(qbase + r * qs[2], qs[2], sc, D, kt.data(), sbase + r * ld, ld);
+      for (; r + 4 <= M; r += 4) block_scores<T, 4>(qbase + r * qs[2], qs[2], sc, D, kt.data(), sbase + r * ld, ld);
+      switch (M - r) {  // the last rows together: as many chains as rows
+        case 3: block_scores<T, 3>(qbase + r * qs[2], qs[2], sc, D, kt.data(), sbase + r * ld, ld); break;
+        case 2: block_scores<T, 2>(qbase + r * qs[2], qs[2], sc, D, kt.data(), sbase + r * ld, ld); break;
+        case 1: block_scores<T, 1>(qbase + r * qs[2], qs[2], sc, D, kt.data(), sbase + r * ld, ld); break;
+        default: break;
+      }
+    }
+  });
+
+  // 2. softmax weights and the weighted sum of values, per (b, h, group of 4 rows)
+  const int64_t groups = (M + 3) / 4;
+  at::parallel_for(0, B * H * groups, 1, [&](int64_t begin, int64_t end) {
+    std::vector<float> sums(4 * 16 * CHUNKS), packed(S + 16);
+    for (int64_t item = begin; item < end; ++item) {
+      const int64_t bh = item / groups, r0 = (item % groups) * 4, b = bh / H, h = bh % H;
+      const int64_t R = M - r0 < 4 ? M - r0 : 4;
+      float* e[4];
+      float totals[4];
+      for (int64_t r = 0; r < R; ++r) {
+        e[r] = scores.data() + (bh * M + r0 + r) * ld;
+        const bool* visible = mp ? mp + b * mask_batch + (r0 + r) * S : nullptr;
+        __m512 top = _mm512_set1_ps(-std::numeric_limits<float>::infinity());
+        for (int64_t j = 0; j < S; j += 16) {
+          const __mmask16 m = seen(visible, j, S);
+          top = _mm512_mask_max_ps(top, m, top, _mm512_maskz_loadu_ps(m, e[r] + j));
+        }
+        const __m512 peak = _mm512_set1_ps(_mm512_reduce_max_ps(top));
+        int64_t count = 0;  // the row's visible weights, packed in key order: lane = index % 16
+        for (int64_t j = 0; j < S; j += 16) {
+          const __mmask16 m = seen(visible, j, S);
+          const __m512 w = _mm512_maskz_mov_ps(m, exp16(_mm512_sub_ps(_mm512_loadu_ps(e[r] + j), peak)));
+          _mm512_storeu_ps(e[r] + j, w);  // zeros past S and where the row does not see the key
+          _mm512_mask_compressstoreu_ps(packed.data() + count, m, w);
+          count += _mm_popcnt_u32(m);
+        }
+        __m512 total = _mm512_setzero_ps();
+        for (int64_t i = 0; i < count; i += 16) total = _mm512_add_ps(total, _mm512_maskz_loadu_ps(first(count - i), packed.data() + i));
+        totals[r] = _mm512_reduce_add_ps(total);
+      }
+      float* acc[4] = {sums.data(), sums.data() + 16 * CHUNKS, sums.data() + 32 * CHUNKS, sums.data() + 48 * CHUNKS};
       const T* vbase = vp + b * vs[0] + h * vs[1];
-      int64_t n = 0;
-      for (int64_t j = 0; j < S; ++j)
-        if (!visible || visible[j]) seen[n++] = j;
-      for (int64_t i = 0; i < n; ++i) {
-        const T* key = kbase + seen[i] * ks[2];
-        __m512 acc = _mm512_mul_ps(query[0], load16(key, lanes(0)));
-        for (int64_t c = 1; c < chunks; ++c) acc = _mm512_fmadd_ps(query[c], load16(key + 16 * c, lanes(c)), acc);
-        scores[i] = _mm512_reduce_add_ps(acc);
+      switch (R) {
+        case 4: weighted_values<T, CHUNKS, 4>(e, vbase, vs[2], S, lanes, acc); break;
+        case 3: weighted_values<T, CHUNKS, 3>(e, vbase, vs[2], S, lanes, acc); break;
+        case 2: weighted_values<T, CHUNKS, 2>(e, vbase, vs[2], S, lanes, acc); break;
+        default: weighted_values<T, CHUNKS, 1>(e, vbase, vs[2], S, lanes, acc); break;
       }
-      __m512 tops = _mm512_set1_ps(-std::numeric_limits<float>::infinity());
-      for (int64_t i = 0; i < n; i += 16) {
-        const __mmask16 m = n - i >= 16 ? static_cast<__mmask16>(0xFFFF) : static_cast<__mmask16>((1u << (n - i)) - 1);
-        tops = _mm512_mask_max_ps(tops, m, tops, _mm512_maskz_loadu_ps(m, scores.data() + i));
-      }
-      const float top = _mm512_reduce_max_ps(tops);
-      // exponentials in place, and the normalizer: lane i % 16 takes e_i
-      __m512 total = _mm512_setzero_ps();
-      for (int64_t i = 0; i < n; i += 16) {
-        const __mmask16 m = n - i >= 16 ? static_cast<__mmask16>(0xFFFF) : static_cast<__mmask16>((1u << (n - i)) - 1);
-        const __m512 e = exp16(_mm512_sub_ps(_mm512_maskz_loadu_ps(m, scores.data() + i), _mm512_set1_ps(top)));
-        _mm512_mask_storeu_ps(scores.data() + i, m, e);
-        total = _mm512_add_ps(total, _mm512_maskz_mov_ps(m, e));
-      }
-      const float sum = _mm512_reduce_add_ps(total);
-      // the weighted sum of values: key i into accumulator set i % 2, the sets added at the end
-      __m512 acc[2][CHUNKS];
-      for (int s2 = 0; s2 < 2; ++s2)
-        for (int64_t c = 0; c < chunks; ++c) acc[s2][c] = _mm512_setzero_ps();
-      for (int64_t i = 0; i < n; ++i) {
-        const T* value = vbase + seen[i] * vs[2];
-        const __m512 e = _mm512_set1_ps(scores[i]);
-        __m512* a = acc[i & 1];
-        for (int64_t c = 0; c < chunks; ++c) a[c] = _mm512_fmadd_ps(e, load16(value + 16 * c, lanes(c)), a[c]);
-      }
-      T* orow = op + b * os[0] + h * os[1] + r * os[2];  // a row that sees no key gets zeros
-      const __m512 inv = _mm512_set1_ps(n > 0 ? 1.0f / sum : 0.0f);
-      float tmp[16];
-      for (int64_t c = 0; c < chunks; ++c) {
-        _mm512_storeu_ps(tmp, _mm512_mul_ps(_mm512_add_ps(acc[0][c], acc[1][c]), inv));
-        for (int64_t d = 16 * c; d < D && d < 16 * (c + 1); ++d) orow[d] = static_cast<T>(tmp[d - 16 * c]);
+      for (int64_t r = 0; r < R; ++r) {
+        T* orow = op + b * os[0] + h * os[1] + (r0 + r) * os[2];  // a row that sees no key gets zeros
+        const float inv = totals[r] > 0 ? 1.0f / totals[r] : 0.0f;
+        for (int64_t d = 0; d < D; ++d) orow[d] = static_cast<T>(acc[r][d] * inv);
       }
     }
   });
