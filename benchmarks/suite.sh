@@ -7,14 +7,15 @@
 #     bash benchmarks/suite.sh            # everything (hours on 2 cores)
 #     bash benchmarks/suite.sh smollm2    # only the rows whose name contains "smollm2"
 #
-# The datasets are sub-sampled (LIMIT items, first in file order) to fit a CPU budget.
+# The datasets are sub-sampled (LIMIT items, first in file order) to fit a CPU budget. The llama.cpp
+# columns need its programs: bash scripts/setup_llamacpp.sh (once).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 ONLY=${1:-}
 OUT=benchmarks/results/bench
 mkdir -p "$OUT"
-SMALL="vanilla,eagle,eagle:chain:4,eagle:eagle1,eagle:dynamic,pld,hf,hf-pld"
-FLAGSHIP="vanilla,eagle,eagle:chain:4,sps:2,sps:3,sps:4,sps:5,sps:6,sps:7,sps:8,pld,hf,hf-assisted,hf-pld"
+SMALL="vanilla,eagle,eagle:chain:4,eagle:eagle1,eagle:dynamic,pld,hf,hf-pld,llama.cpp,llama.cpp-ngram"
+FLAGSHIP="vanilla,eagle,eagle:chain:4,sps:2,sps:3,sps:4,sps:5,sps:6,sps:7,sps:8,pld,hf,hf-assisted,hf-pld,llama.cpp,llama.cpp-ngram,llama.cpp-draft"
 
 run() {  # MODEL DATASET TEMPERATURE LIMIT METHODS
     local name="$1-$2-t$3"
