@@ -31,7 +31,8 @@ def main() -> None:
     results = [json.loads(p.read_text()) for p in sorted(RESULTS.glob("*.json"))]
     if not results:
         raise SystemExit(f"no results in {RESULTS}: run benchmarks/suite.sh first")
-    families = [f for f in ("eagle", "sps", "pld", "hf", "hf-assisted", "hf-pld")
+    families = [f for f in ("eagle", "sps", "pld", "hf", "hf-assisted", "hf-pld", "llama.cpp", "llama.cpp-ngram",
+                            "llama.cpp-draft")
                 if any(f in r["best"] for r in results)]
     lines = ["| model | dataset | T | items (turns) | vanilla tok/s | " + " | ".join(families) + " |",
              "|" + "---|" * (5 + len(families))]

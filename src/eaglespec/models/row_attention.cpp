@@ -35,30 +35,43 @@ inline float dot(const float* q, const T* k, int64_t D) {
   return ((lanes[0] + lanes[4]) + (lanes[1] + lanes[5])) + ((lanes[2] + lanes[6]) + (lanes[3] + lanes[7]));
 }
 
+// Raw pointers and strides of row_attention's operands: q, k, v [B, H, rows or keys, D], out like
+// q, mask bool [1 or B, rows, keys] or undefined.
+template <typename T>
+struct Operands {
+  const T* q;
+  const T* k;
+  const T* v;
+  T* out;
+  const bool* mask;
+  int64_t mask_batch;  // the mask's batch stride (0: one mask for every batch row)
+  std::vector<int64_t> qs, ks, vs, os;
+  Operands(const torch::Tensor& q_, const torch::Tensor& k_, const torch::Tensor& v_, const torch::Tensor& mask_,
+           torch::Tensor& out_)
+      : q(q_.data_ptr<T>()), k(k_.data_ptr<T>()), v(v_.data_ptr<T>()), out(out_.data_ptr<T>()),
+        mask(mask_.defined() ? mask_.data_ptr<bool>() : nullptr),
+        mask_batch(mask_.defined() && mask_.size(0) > 1 ? mask_.stride(0) : 0),
+        qs(q_.strides().vec()), ks(k_.strides().vec()), vs(v_.strides().vec()), os(out_.strides().vec()) {}
+};
+
 template <typename T>
 void attend(const torch::Tensor& q, const torch::Tensor& k, const torch::Tensor& v, const torch::Tensor& mask,
             torch::Tensor& out, double scale) {
   const int64_t B = q.size(0), H = q.size(1), M = q.size(2), D = q.size(3), S = k.size(2);
-  const T* qp = q.data_ptr<T>();
-  const T* kp = k.data_ptr<T>();
-  const T* vp = v.data_ptr<T>();
-  T* op = out.data_ptr<T>();
-  const bool* mp = mask.defined() ? mask.data_ptr<bool>() : nullptr;
-  const int64_t mask_batch = mask.defined() && mask.size(0) > 1 ? mask.stride(0) : 0;
-  const auto qs = q.strides(), ks = k.strides(), vs = v.strides(), os = out.strides();
+  const Operands<T> o(q, k, v, mask, out);
   at::parallel_for(0, B * H * M, 1, [&](int64_t begin, int64_t end) {
     std::vector<float> query(D), acc(D), scores(S);
     for (int64_t row = begin; row < end; ++row) {
       const int64_t b = row / (H * M), h = (row / M) % H, r = row % M;
-      const T* qrow = qp + b * qs[0] + h * qs[1] + r * qs[2];
+      const T* qrow = o.q + b * o.qs[0] + h * o.qs[1] + r * o.qs[2];
       for (int64_t d = 0; d < D; ++d) query[d] = static_cast<float>(qrow[d]) * static_cast<float>(scale);
-      const bool* visible = mp ? mp + b * mask_batch + r * S : nullptr;
-      const T* kbase = kp + b * ks[0] + h * ks[1];
-      const T* vbase = vp + b * vs[0] + h * vs[1];
+      const bool* visible = o.mask ? o.mask + b * o.mask_batch + r * S : nullptr;
+      const T* kbase = o.k + b * o.ks[0] + h * o.ks[1];
+      const T* vbase = o.v + b * o.vs[0] + h * o.vs[1];
       float top = -std::numeric_limits<float>::infinity();
       for (int64_t j = 0; j < S; ++j) {
         if (visible && !visible[j]) continue;
-        scores[j] = dot(query.data(), kbase + j * ks[2], D);
+        scores[j] = dot(query.data(), kbase + j * o.ks[2], D);
         top = scores[j] > top ? scores[j] : top;
       }
       float total = 0;
@@ -67,10 +80,10 @@ void attend(const torch::Tensor& q, const torch::Tensor& k, const torch::Tensor&
         if (visible && !visible[j]) continue;
         const float e = std::exp(scores[j] - top);
         total += e;
-        const T* vrow = vbase + j * vs[2];
+        const T* vrow = vbase + j * o.vs[2];
         for (int64_t d = 0; d < D; ++d) acc[d] += e * static_cast<float>(vrow[d]);
       }
-      T* orow = op + b * os[0] + h * os[1] + r * os[2];  // a row that sees no key gets zeros
+      T* orow = o.out + b * o.os[0] + h * o.os[1] + r * o.os[2];  // a row that sees no key gets zeros
       for (int64_t d = 0; d < D; ++d) orow[d] = static_cast<T>(total > 0 ? acc[d] / total : 0.0f);
     }
   });
@@ -185,13 +198,7 @@ void attend512(const torch::Tensor& q, const torch::Tensor& k, const torch::Tens
   const int64_t blocks = (S + 15) / 16;
   __mmask16 lanes[CHUNKS];  // chunk c's lanes inside D (chunks past ceil(D / 16) load zeros)
   for (int64_t c = 0; c < CHUNKS; ++c) lanes[c] = first(D - 16 * c);
-  const T* qp = q.data_ptr<T>();
-  const T* kp = k.data_ptr<T>();
-  const T* vp = v.data_ptr<T>();
-  T* op = out.data_ptr<T>();
-  const bool* mp = mask.defined() ? mask.data_ptr<bool>() : nullptr;
-  const int64_t mask_batch = mask.defined() && mask.size(0) > 1 ? mask.stride(0) : 0;
-  const auto qs = q.strides(), ks = k.strides(), vs = v.strides(), os = out.strides();
+  const Operands<T> o(q, k, v, mask, out);
   const int64_t ld = blocks * 16;  // a row's scores, padded to whole blocks
   std::vector<float> scores(B * H * M * ld);
   const float sc = static_cast<float>(scale);
@@ -202,17 +209,17 @@ void attend512(const torch::Tensor& q, const torch::Tensor& k, const torch::Tens
     for (int64_t item = begin; item < end; ++item) {
       const int64_t bh = item / blocks, block = item % blocks, b = bh / H, h = bh % H;
       const int64_t j0 = block * 16, n = S - j0 < 16 ? S - j0 : 16;
-      const T* kbase = kp + b * ks[0] + h * ks[1] + j0 * ks[2];
-      gather_keys(kbase, ks[2], n, D, kt.data());
-      const T* qbase = qp + b * qs[0] + h * qs[1];
+      const T* kbase = o.k + b * o.ks[0] + h * o.ks[1] + j0 * o.ks[2];
+      gather_keys(kbase, o.ks[2], n, D, kt.data());
+      const T* qbase = o.q + b * o.qs[0] + h * o.qs[1];
       float* sbase = scores.data() + bh * M * ld + j0;
       int64_t r = 0;
-      for (; r + 8 <= M; r += 8) block_scores<T, 8>(qbase + r * qs[2], qs[2], sc, D, kt.data(), sbase + r * ld, ld);
-      for (; r + 4 <= M; r += 4) block_scores<T, 4>(qbase + r * qs[2], qs[2], sc, D, kt.data(), sbase + r * ld, ld);
+      for (; r + 8 <= M; r += 8) block_scores<T, 8>(qbase + r * o.qs[2], o.qs[2], sc, D, kt.data(), sbase + r * ld, ld);
+      for (; r + 4 <= M; r += 4) block_scores<T, 4>(qbase + r * o.qs[2], o.qs[2], sc, D, kt.data(), sbase + r * ld, ld);
       switch (M - r) {  // the last rows together: as many chains as rows
-        case 3: block_scores<T, 3>(qbase + r * qs[2], qs[2], sc, D, kt.data(), sbase + r * ld, ld); break;
-        case 2: block_scores<T, 2>(qbase + r * qs[2], qs[2], sc, D, kt.data(), sbase + r * ld, ld); break;
-        case 1: block_scores<T, 1>(qbase + r * qs[2], qs[2], sc, D, kt.data(), sbase + r * ld, ld); break;
+        case 3: block_scores<T, 3>(qbase + r * o.qs[2], o.qs[2], sc, D, kt.data(), sbase + r * ld, ld); break;
+        case 2: block_scores<T, 2>(qbase + r * o.qs[2], o.qs[2], sc, D, kt.data(), sbase + r * ld, ld); break;
+        case 1: block_scores<T, 1>(qbase + r * o.qs[2], o.qs[2], sc, D, kt.data(), sbase + r * ld, ld); break;
         default: break;
       }
     }
@@ -229,7 +236,7 @@ void attend512(const torch::Tensor& q, const torch::Tensor& k, const torch::Tens
       float totals[4];
       for (int64_t r = 0; r < R; ++r) {
         e[r] = scores.data() + (bh * M + r0 + r) * ld;
-        const bool* visible = mp ? mp + b * mask_batch + (r0 + r) * S : nullptr;
+        const bool* visible = o.mask ? o.mask + b * o.mask_batch + (r0 + r) * S : nullptr;
         __m512 top = _mm512_set1_ps(-std::numeric_limits<float>::infinity());
         for (int64_t j = 0; j < S; j += 16) {
           const __mmask16 m = seen(visible, j, S);
@@ -249,15 +256,15 @@ void attend512(const torch::Tensor& q, const torch::Tensor& k, const torch::Tens
         totals[r] = _mm512_reduce_add_ps(total);
       }
       float* acc[4] = {sums.data(), sums.data() + 16 * CHUNKS, sums.data() + 32 * CHUNKS, sums.data() + 48 * CHUNKS};
-      const T* vbase = vp + b * vs[0] + h * vs[1];
+      const T* vbase = o.v + b * o.vs[0] + h * o.vs[1];
       switch (R) {
-        case 4: weighted_values<T, CHUNKS, 4>(e, vbase, vs[2], S, lanes, acc); break;
-        case 3: weighted_values<T, CHUNKS, 3>(e, vbase, vs[2], S, lanes, acc); break;
-        case 2: weighted_values<T, CHUNKS, 2>(e, vbase, vs[2], S, lanes, acc); break;
-        default: weighted_values<T, CHUNKS, 1>(e, vbase, vs[2], S, lanes, acc); break;
+        case 4: weighted_values<T, CHUNKS, 4>(e, vbase, o.vs[2], S, lanes, acc); break;
+        case 3: weighted_values<T, CHUNKS, 3>(e, vbase, o.vs[2], S, lanes, acc); break;
+        case 2: weighted_values<T, CHUNKS, 2>(e, vbase, o.vs[2], S, lanes, acc); break;
+        default: weighted_values<T, CHUNKS, 1>(e, vbase, o.vs[2], S, lanes, acc); break;
       }
       for (int64_t r = 0; r < R; ++r) {
-        T* orow = op + b * os[0] + h * os[1] + (r0 + r) * os[2];  // a row that sees no key gets zeros
+        T* orow = o.out + b * o.os[0] + h * o.os[1] + (r0 + r) * o.os[2];  // a row that sees no key gets zeros
         const float inv = totals[r] > 0 ? 1.0f / totals[r] : 0.0f;
         for (int64_t d = 0; d < D; ++d) orow[d] = static_cast<T>(acc[r][d] * inv);
       }
