@@ -9,7 +9,7 @@ many), and the same forward through a *skeleton*: the model with the same layers
 path but every matrix shrunk to a few KiB (hidden size 64, head size 32, vocabulary 256). The
 skeleton reads next to no weights, so its time is the forward's overhead, and overhead / forward
 is the share to remove. The weight bytes over the remaining time give the bandwidth the linears
-reach. Formats: bf16 and fp32 (dense), int8, int4 (bf16 activations), int4-fp32act. It also counts the operators one forward dispatches (torch's profiler). `--eager` runs the
+reach. Formats (`--formats`): bf16 and fp32 (dense), int8, int4 (bf16 activations), int4-fp32. It also counts the operators one forward dispatches (torch's profiler). `--eager` runs the
 layers in Python with their small operations as torch operators, instead of our fused kernels and
 the C++ layer stack (how every forward ran before them), for the before/after comparison.
 """
@@ -25,14 +25,12 @@ from pathlib import Path
 import torch
 from torch.profiler import ProfilerActivity, profile
 
-from common import machine, write_json
+from common import FORMATS, formats_option, machine, write_json
 from eaglespec.models import kernels
 from eaglespec.models.decoder import Decoder, Stack
 from eaglespec.models.load import load_target
 from eaglespec.models.quantize import quantize
 
-FORMATS = {"bf16": ("bfloat16", "dense"), "fp32": ("float32", "dense"), "int8": ("bfloat16", "int8"),
-           "int4": ("bfloat16", "int4"), "int4-fp32act": ("float32", "int4")}
 CONTEXT = 256
 
 
@@ -99,7 +97,7 @@ def main() -> None:
               "layers": "Python layers, torch operators" if args.eager else "C++ layer stack, fused kernels", "models": {}}
     for name in args.models.split(","):
         rows = {}
-        for label in args.formats.split(","):
+        for label in formats_option(args.formats):
             dtype, weights = FORMATS[label]
             target = load_target(name, dtype, weights=weights)
             tiny = skeleton(target.model, target.model.weight_like.dtype, weights)

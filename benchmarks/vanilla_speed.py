@@ -5,9 +5,10 @@ new tokens (EOS ignored), every configuration interleaved prompt by prompt.
     bash scripts/setup_llamacpp.sh                  # once: llama.cpp's programs (about 15 minutes)
     .venv/bin/python benchmarks/vanilla_speed.py    # writes benchmarks/results/vanilla_speed.json
 
-Configurations per model: ours in bf16 and fp32 (dense), int8 and int4 (weight-only quantized,
-bf16 activations; int4 also with fp32 activations); llama.cpp on BF16 and Q8_0 copies of the bundled GGUF and on the bundled GGUF
-itself (4-bit); transformers in bf16. Each is timed over the whole request (prefill included) and
+Configurations per model (`--formats`, default all): ours in bf16 and fp32 (dense), int8 and int4
+(weight-only quantized, bf16 activations; int4-fp32 with fp32 activations); llama.cpp on the same
+weights: BF16 and Q8_0 copies of the bundled GGUF and the bundled GGUF itself (4-bit); transformers
+in bf16. Each is timed over the whole request (prefill included) and
 reported as the median tokens/s over prompts and repeats, with the resident weight bytes (ours:
 the tensors' storage; llama.cpp: the server's peak resident set).
 """
@@ -23,7 +24,7 @@ import torch
 from tqdm import tqdm
 from transformers import AutoModelForCausalLM
 
-from common import machine, write_json
+from common import FORMATS, PEER, formats_option, machine, write_json
 from eaglespec.bench.llamacpp import LlamaServer, peer_gguf
 from eaglespec.decoding.generate import generate, prompt_ids
 from eaglespec.models.decoder import Linear
@@ -36,11 +37,6 @@ PROMPTS = [
     "What are the main causes of the French Revolution?",
     "Give me a recipe for a vegetarian lasagna, step by step.",
 ]
-OURS = {"eaglespec bf16": ("bfloat16", "dense"), "eaglespec fp32": ("float32", "dense"),
-        "eaglespec int8": ("bfloat16", "int8"), "eaglespec int4": ("bfloat16", "int4"),
-        "eaglespec int4, fp32 activations": ("float32", "int4")}
-PEER = {"llama.cpp BF16": ("dense", "bfloat16"), "llama.cpp Q8_0": ("int8", "bfloat16"),
-        "llama.cpp GGUF (4-bit)": ("int4", "bfloat16")}
 
 
 def time_ours(target, ids, n):
@@ -80,23 +76,28 @@ def main() -> None:
     p.add_argument("--models", default="smollm2-135m-instruct,qwen2.5-coder-0.5b-instruct")
     p.add_argument("--new-tokens", type=int, default=128)
     p.add_argument("--repeats", type=int, default=2)
+    p.add_argument("--formats", default=",".join(FORMATS),
+                   help="Ours (llama.cpp runs the same weights): " + ", ".join(FORMATS))
     p.add_argument("--threads", type=int, default=2)
     p.add_argument("--out", type=Path, default=Path(__file__).parent / "results" / "vanilla_speed.json")
     args = p.parse_args()
+    formats = formats_option(args.formats)
+    peers = {label: weights for label, weights in PEER.items() if any(FORMATS[f][1] == weights for f in formats)}
     torch.set_num_threads(args.threads)
     report = {"benchmark": "vanilla decoding per weight format: eaglespec, llama.cpp (same GGUF), transformers",
               "machine": machine(), "new_tokens": args.new_tokens, "prompts": len(PROMPTS),
               "repeats": args.repeats, "models": {}}
     for name in args.models.split(","):
         runners, memory, servers = {}, {}, {}
-        for label, (dtype, weights) in OURS.items():
+        for label in formats:
+            dtype, weights = FORMATS[label]
             target = load_target(name, dtype, weights=weights)
-            runners[label] = lambda ids, n, t=target: time_ours(t, ids, n)
-            memory[label] = weight_mib(target)
+            runners[f"eaglespec {label}"] = lambda ids, n, t=target: time_ours(t, ids, n)
+            memory[f"eaglespec {label}"] = weight_mib(target)
         hf = AutoModelForCausalLM.from_pretrained(str(target.folder), dtype=torch.bfloat16).eval()
         runners["transformers bf16"] = lambda ids, n: time_hf(hf, ids, n)
-        for label, (weights, dtype) in PEER.items():
-            servers[label] = LlamaServer("llama.cpp", peer_gguf(name, weights, dtype), args.threads)
+        for label, weights in peers.items():
+            servers[label] = LlamaServer("llama.cpp", peer_gguf(name, weights, "bfloat16"), args.threads)
             runners[label] = lambda ids, n, s=servers[label]: time_peer(s, ids, n)
         all_ids = [prompt_ids(target, prompt, chat=True) for prompt in PROMPTS]
         for run in runners.values():  # warm-up
@@ -122,8 +123,8 @@ def main() -> None:
 def markdown(report: dict) -> str:
     lines = ["| model | configuration | tokens/s (median) | vs llama.cpp on the same weights | MiB |",
              "|---|---|---|---|---|"]
-    same = {"eaglespec bf16": "llama.cpp BF16", "eaglespec int8": "llama.cpp Q8_0",
-            "eaglespec int4": "llama.cpp GGUF (4-bit)", "eaglespec int4, fp32 activations": "llama.cpp GGUF (4-bit)"}
+    same = {f"eaglespec {label}": peer for label, (_, weights) in FORMATS.items()  # fp32: no such copy
+            for peer, w in PEER.items() if w == weights and label != "fp32"}
     for name, r in report["models"].items():
         t = r["tokens_per_s"]
         for label, speed in t.items():

@@ -23,13 +23,10 @@ import matplotlib.pyplot as plt  # noqa: E402
 import torch  # noqa: E402
 from tqdm import tqdm  # noqa: E402
 
-from common import machine, write_json  # noqa: E402
+from common import FORMATS, PEER, formats_option, machine, write_json  # noqa: E402
 from eaglespec.bench.llamacpp import peer_gguf, programs  # noqa: E402
 from eaglespec.models.load import load_target  # noqa: E402
 
-FORMATS = {"bf16": ("bfloat16", "dense"), "fp32": ("float32", "dense"), "int8": ("bfloat16", "int8"),
-           "int4": ("bfloat16", "int4"), "int4-fp32": ("float32", "int4")}  # label: (activations, weights)
-PEER = {"llama.cpp BF16": "dense", "llama.cpp Q8_0": "int8", "llama.cpp GGUF (4-bit)": "int4"}
 
 
 @torch.inference_mode()
@@ -72,10 +69,7 @@ def main() -> None:
     p.add_argument("--out", type=Path, default=Path(__file__).parent / "results" / "verify_cost.json")
     args = p.parse_args()
     torch.set_num_threads(args.threads)
-    formats = args.formats.split(",")
-    unknown = set(formats) - set(FORMATS)
-    if unknown:
-        p.error(f"unknown format(s) {', '.join(sorted(unknown))}: use {', '.join(FORMATS)}")
+    formats = formats_option(args.formats)
     if not args.no_llama_cpp:
         programs()  # built, or the command that builds it
     report = {"benchmark": "one forward of n new tokens over a cache", "machine": machine(),
