@@ -214,3 +214,28 @@ def test_the_cpp_layer_stack_equals_the_python_layers(family, dtype, weights):
     ours.layer_stack = lambda: None  # the Python layers
     slow = run()
     assert all(torch.equal(a, b) for a, b in zip(fast, slow))
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_the_cpp_layer_stack_runs_a_layer_without_input_norm(dtype):
+    """An EAGLE-1 head's layer (input norm replaced by the identity) through the C++ stack: the
+    same bits as the Python layer."""
+    from eaglespec.models.decoder import Stack
+
+    _, target = tiny_pair("llama")
+    torch.manual_seed(9)
+    stack = Stack(target.config, 1)  # randomly initialised linears
+    stack.layers[0].input_norm = torch.nn.Identity()
+    stack = stack.to(dtype).eval().requires_grad_(False)
+    stack.pack_weights()
+    assert stack.layer_stack() is not None
+    x = torch.randn(1, 9, target.config.hidden_size, generator=torch.Generator().manual_seed(9)).to(dtype)
+
+    def run():
+        with torch.inference_mode():
+            cache = stack.new_cache(12)
+            return [stack.run_layers(x[:, :8], cache, None, None)[0], stack.run_layers(x[:, 8:], cache, None, None)[0]]
+
+    fast = run()
+    stack.layer_stack = lambda: None  # the Python layer
+    assert all(torch.equal(a, b) for a, b in zip(fast, run()))

@@ -320,7 +320,7 @@ class Stack(nn.Module):
 
     def layer_stack(self):
         """The layers as one C++ `kernels.LayerStack` for CPU inference, built once per set of
-        weights; None where the Python layers run: other layer types (a draft head's), no C++
+        weights; None where the Python layers run: other layer types (an EAGLE-3 head's), no C++
         kernels, or a linear that the stack does not run (see layer_stack.cpp)."""
         key = (self.weight_like.data_ptr(), self.weight_like.dtype, id(self.layers[0]), id(self.layers[0].attn.qkv))
         if self._layer_stack is None or self._layer_stack[0] != key:
@@ -335,9 +335,15 @@ class Stack(nn.Module):
             return None
         norms, linears = [], []
         for layer in self.layers:
-            if type(layer) is not Layer or not isinstance(layer.input_norm, RMSNorm):
+            if type(layer) is not Layer:
                 return None
-            norms += [layer.input_norm.weight.detach(), layer.post_attn_norm.weight.detach()]
+            if isinstance(layer.input_norm, RMSNorm):
+                input_norm = layer.input_norm.weight.detach()
+            elif isinstance(layer.input_norm, nn.Identity):  # an EAGLE-1 head's layer: no input norm
+                input_norm = None
+            else:
+                return None
+            norms += [input_norm, layer.post_attn_norm.weight.detach()]
             for linear in (layer.attn.qkv, layer.attn.o, layer.mlp.gate_up, layer.mlp.down):
                 bias = None if linear.bias is None else linear.bias.detach()
                 if isinstance(linear, QuantizedLinear):

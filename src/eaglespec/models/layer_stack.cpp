@@ -4,8 +4,9 @@
 // dispatch (about 20 operator and module calls) costs more than its arithmetic; this loop keeps
 // the arithmetic and drops the dispatch. Its result equals the Python layers' bit for bit (tested).
 //
-// A LayerStack is built once per model (`Decoder.layer_stack`) from each layer's weights: two norm
-// weights and four linears, each linear one of
+// A LayerStack is built once per model (`Stack.layer_stack`: the target's layers, or an EAGLE-1
+// head's, whose layer has no input norm) from each layer's weights: two norm weights (the first
+// may be none) and four linears, each linear one of
 //   TILES  bf16 weights packed for row_linear_bf16 (AVX-512 BF16)
 //   FP32   fp32 weights: row_linear up to 128 rows, else MKL with rows padded to a multiple of 4
 //   INT4   torch's _weight_int4pack_mm_for_cpu over bf16 activations
@@ -78,15 +79,16 @@ struct LinearSpec {
 };
 
 struct LayerWeights {
-  torch::Tensor input_norm, post_attn_norm;
+  c10::optional<torch::Tensor> input_norm;  // none: the layer reads its input as it is (an EAGLE-1 head's)
+  torch::Tensor post_attn_norm;
   LinearSpec qkv, o, gate_up, down;
 };
 
 class LayerStack {
  public:
-  // norms: 2 per layer (input, post-attention); linears: 4 per layer (qkv, o, gate_up, down), each
-  // (kind, weight, scales or None, bias or None, out_features)
-  LayerStack(std::vector<torch::Tensor> norms, std::vector<std::tuple<int64_t, torch::Tensor, c10::optional<torch::Tensor>,
+  // norms: 2 per layer (input or None, post-attention); linears: 4 per layer (qkv, o, gate_up, down),
+  // each (kind, weight, scales or None, bias or None, out_features)
+  LayerStack(std::vector<c10::optional<torch::Tensor>> norms, std::vector<std::tuple<int64_t, torch::Tensor, c10::optional<torch::Tensor>,
                                                                      c10::optional<torch::Tensor>, int64_t>> linears,
              int64_t heads, int64_t kv_heads, double eps)
       : heads_(heads), kv_heads_(kv_heads), eps_(eps) {
@@ -96,7 +98,7 @@ class LayerStack {
       return LinearSpec{kind, weight, scales.has_value() ? *scales : torch::Tensor(), bias, out};
     };
     for (size_t i = 0; i < norms.size() / 2; ++i)
-      layers_.push_back({norms[2 * i], norms[2 * i + 1], spec(linears[4 * i]), spec(linears[4 * i + 1]),
+      layers_.push_back({norms[2 * i], *norms[2 * i + 1], spec(linears[4 * i]), spec(linears[4 * i + 1]),
                          spec(linears[4 * i + 2]), spec(linears[4 * i + 3])});
   }
 
@@ -114,7 +116,8 @@ class LayerStack {
       const LayerWeights& w = layers_[i];
       if (captured(i)) out.push_back(x);
       auto k_cache = k.select(0, i), v_cache = v.select(0, i);
-      auto q = rope_store(w.qkv(rms_norm(x, w.input_norm, eps_)), cos, sin, k_cache, v_cache, start, heads_, kv_heads_);
+      auto normed = w.input_norm.has_value() ? rms_norm(x, *w.input_norm, eps_) : x;
+      auto q = rope_store(w.qkv(normed), cos, sin, k_cache, v_cache, start, heads_, kv_heads_);
       auto keys = k_cache.narrow(2, 0, end), values = v_cache.narrow(2, 0, end);
       const int64_t D = q.size(3);
       torch::Tensor y;
@@ -142,7 +145,7 @@ class LayerStack {
 
 void bind_layer_stack(pybind11::module& module) {
   pybind11::class_<LayerStack>(module, "LayerStack")
-      .def(pybind11::init<std::vector<torch::Tensor>,
+      .def(pybind11::init<std::vector<c10::optional<torch::Tensor>>,
                           std::vector<std::tuple<int64_t, torch::Tensor, c10::optional<torch::Tensor>,
                                                  c10::optional<torch::Tensor>, int64_t>>,
                           int64_t, int64_t, double>())
