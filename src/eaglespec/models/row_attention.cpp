@@ -17,7 +17,7 @@
 #include <type_traits>
 #include <vector>
 
-#ifdef __AVX512F__
+#if defined(__AVX512F__) && defined(__AVX512BW__) && defined(__AVX512VL__)
 #include <immintrin.h>
 #endif
 
@@ -89,8 +89,8 @@ void attend(const torch::Tensor& q, const torch::Tensor& k, const torch::Tensor&
   });
 }
 
-#ifdef __AVX512F__
-// The same contract with AVX-512, in two passes, for any D <= 256:
+#if defined(__AVX512F__) && defined(__AVX512BW__) && defined(__AVX512VL__)
+// The same contract with AVX-512 (F, BW, VL), in two passes, for any D <= 256:
 // 1. scores s[r, j] = (scale q_r) . k_j for every row and every key, masked or not: 16 keys at a
 //    time, transposed, so that s[r, j] is one fp32 chain over d = 0, 1, ... (a function of q_r and
 //    k_j alone);
@@ -293,7 +293,7 @@ torch::Tensor row_attention(torch::Tensor q, torch::Tensor k, torch::Tensor v, c
                 "mask must be bool [1 or B, rows, keys]");
   }
   auto out = torch::empty_like(q, torch::MemoryFormat::Contiguous);
-#ifdef __AVX512F__
+#if defined(__AVX512F__) && defined(__AVX512BW__) && defined(__AVX512VL__)
   const int64_t D = q.size(3);
   if (D <= 256 && (q.scalar_type() == torch::kFloat || q.scalar_type() == torch::kBFloat16)) {
     const bool bf16 = q.scalar_type() == torch::kBFloat16;

@@ -141,7 +141,7 @@ bool row_linear_available() { return false; }
 
 #endif
 
-#if defined(__AVX512BF16__) && defined(__AVX512F__)
+#if defined(__AVX512BF16__) && defined(__AVX512F__) && defined(__AVX512BW__) && defined(__AVX512VL__)
 #include <immintrin.h>
 
 namespace {
