@@ -330,8 +330,7 @@ class Stack(nn.Module):
     def _build_layer_stack(self):
         from eaglespec.models.quantize import QuantizedLinear
 
-        module = kernels.loaded()
-        if module is None or self.weight_like.device.type != "cpu" or self.weight_like.dtype not in (torch.float32, torch.bfloat16):
+        if self.weight_like.device.type != "cpu" or self.weight_like.dtype not in (torch.float32, torch.bfloat16):
             return None
         norms, linears = [], []
         for layer in self.layers:
@@ -356,7 +355,7 @@ class Stack(nn.Module):
                     return None
                 linears.append((*spec, bias, linear.out_features))
         c = self.config
-        return module.LayerStack(norms, linears, c.num_heads, c.num_kv_heads, c.rms_norm_eps)
+        return kernels.layer_stack(norms, linears, c.num_heads, c.num_kv_heads, c.rms_norm_eps)
 
     def _windowed(self, mask: Tensor | None, positions: Tensor, start: int, T: int) -> Tensor:
         """Add the sliding-window limit to a mask (Mistral): a key sits at most window-1 behind."""

@@ -64,11 +64,6 @@ def _load():
     return _module
 
 
-def loaded():
-    """The built kernels' module, or None where they could not be built."""
-    return _load()
-
-
 def _cpu_type() -> str:
     """A short fingerprint of the CPU's instruction sets (a build with -march=native runs there only)."""
     try:
@@ -144,3 +139,9 @@ def rope_store(qkv: Tensor, cos: Tensor, sin: Tensor, k_cache: Tensor, v_cache: 
     """q [B, heads, T, D] rotated, with the rotated k and v written to the cache at `start`."""
     module = _fused(qkv, cos, sin, k_cache, v_cache)
     return None if module is None else module.rope_store(qkv, cos, sin, k_cache, v_cache, start, heads, kv_heads)
+
+
+def layer_stack(norms: list, linears: list, heads: int, kv_heads: int, eps: float):
+    """A `LayerStack` (layer_stack.cpp) over these layers' weights, or None without built kernels."""
+    module = _load()
+    return None if module is None else module.LayerStack(norms, linears, heads, kv_heads, eps)

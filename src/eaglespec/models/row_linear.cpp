@@ -149,10 +149,7 @@ namespace {
 constexpr int64_t COLS = 16;  // outputs per vector (one fp32 lane each)
 constexpr int64_t TILE = 4;   // vectors per tile: a thread computes whole tiles of 64 outputs
 constexpr int64_t ROWS = 4;   // input rows run together against a tile
-#ifndef PREFETCH_BYTES
-#define PREFETCH_BYTES 4096
-#endif
-constexpr int64_t PREFETCH = PREFETCH_BYTES;
+constexpr int64_t PREFETCH = 4096;  // bytes ahead of the weight stream (1 KiB to 16 KiB measured alike)
 
 // R rows against NT tiles of TILE * COLS outputs each: acc[r][t * TILE + v] lane c accumulates
 // output (tiles[t], v, c) of row r over the K / 2 input pairs in order. (Every variant computes an
