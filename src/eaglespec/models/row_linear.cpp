@@ -15,7 +15,8 @@
 //
 // A thread takes blocks of weights (fp32: 8 weight rows; bf16: a tile of 64 outputs) and runs every
 // input row against them while they sit in its cache: three (fp32) or four (bf16) rows at a time,
-// each weight vector serving them all, the rest one at a time.
+// each weight vector serving them all; fp32 runs the rest one at a time, bf16 in groups of one to
+// three (five left: three and two).
 
 #include <torch/extension.h>
 #include <ATen/Parallel.h>
@@ -222,19 +223,27 @@ torch::Tensor row_linear_bf16(torch::Tensor x, torch::Tensor packed, int64_t N, 
   const at::BFloat16* wp = packed.data_ptr<at::BFloat16>();
   at::BFloat16* yp = y.data_ptr<at::BFloat16>();
   at::parallel_for(0, packed.size(0), 1, [&](int64_t begin, int64_t end) {
-    // tiles in pairs (t, t + half) of this thread's range: rows in groups of ROWS against each tile,
-    // the rest of the rows against both tiles at once
+    // tiles in pairs (t, t + half) of this thread's range; one or two rows run against both at once
     const int64_t half = (end - begin + 1) / 2;
     for (int64_t t = begin; t < begin + half; ++t) {
       const int64_t count = t + half < end ? 2 : 1;
       const at::BFloat16* tile[2] = {wp + t * TILE * COLS * K, wp + (t + half) * TILE * COLS * K};
       const int64_t n0[2] = {t * TILE * COLS, (t + half) * TILE * COLS};
-      int64_t m = 0;
-      for (; m + ROWS <= M; m += ROWS)
-        for (int64_t i = 0; i < count; ++i) tile_rows<ROWS, 1>(xp + m * K, K, tile + i, n0 + i, bp, N, yp + m * N, N);
-      for (; m < M; ++m) {
-        if (count == 2) tile_rows<1, 2>(xp + m * K, K, tile, n0, bp, N, yp + m * N, N);
-        else tile_rows<1, 1>(xp + m * K, K, tile, n0, bp, N, yp + m * N, N);
+      for (int64_t m = 0; m < M;) {
+        // rows in groups of four; the last five as three and two; the last one to three together
+        const int64_t left = M - m, rows = left == 5 ? 3 : left < ROWS ? left : ROWS;
+        const at::BFloat16* xm = xp + m * K;
+        at::BFloat16* ym = yp + m * N;
+        if (rows == 1 && count == 2) tile_rows<1, 2>(xm, K, tile, n0, bp, N, ym, N);
+        else if (rows == 2 && count == 2) tile_rows<2, 2>(xm, K, tile, n0, bp, N, ym, N);
+        else
+          for (int64_t i = 0; i < count; ++i) {
+            if (rows == 4) tile_rows<4, 1>(xm, K, tile + i, n0 + i, bp, N, ym, N);
+            else if (rows == 3) tile_rows<3, 1>(xm, K, tile + i, n0 + i, bp, N, ym, N);
+            else if (rows == 2) tile_rows<2, 1>(xm, K, tile + i, n0 + i, bp, N, ym, N);
+            else tile_rows<1, 1>(xm, K, tile + i, n0 + i, bp, N, ym, N);
+          }
+        m += rows;
       }
     }
   });
