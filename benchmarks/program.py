@@ -2,13 +2,17 @@
 it has not seen, with the CPU time behind every step recorded (acceptance per CPU hour).
 
     .venv/bin/python benchmarks/program.py smollm2-135m-instruct            # one stretch
+    .venv/bin/python benchmarks/program.py smollm2-135m-instruct --data data/regenerated/smollm2-135m-instruct
     .venv/bin/python benchmarks/program.py --report     # program.png and the README table
 
 A stretch extracts the next slice of the training split (the conversations after those of earlier
-stretches), trains the current head (`heads/MODEL`) on it for the recipe's budget, measures the
-result the same way as the starting point (held-out n-alpha through `eval-head`, fp32; tau on MT-bench
-through `bench`), and replaces `heads/MODEL` only if its expected chain length (1 + a0 + a0 a1 +
-...) grew. Stretch 0 measures the head it starts from. The ledger
+stretches; with `--data SPEC`, instead all of SPEC's training conversations, e.g. the target's own
+answers from `eaglespec regenerate`), trains the current head (`heads/MODEL`) on it for the recipe's budget, measures the
+result the same way as the starting point (held-out n-alpha through `eval-head`, fp32, on human
+answers and, where they are committed, on the target's own answers; tau on MT-bench through
+`bench`), and replaces `heads/MODEL` only if its expected chain length (1 + a0 + a0 a1 + ...) grew:
+on the target's own answers where this stretch and the best earlier one have that figure (the
+goal's text), else on human answers. Stretch 0 measures the head it starts from. The ledger
 `benchmarks/results/program/MODEL.json` keeps each stretch's slice, commands, seconds and figures;
 `program.png` plots them against CPU hours. Every step resumes where it stopped (extraction
 shards, training checkpoints); the cache holds the work of the current stretch only, so a stretch
@@ -112,18 +116,34 @@ def mt_bench(model: str, head: str, work: Path) -> dict:
 
 
 def remeasure(model: str, number: int, head: str) -> None:
-    """Fill in an earlier stretch's tau with the fixed EAGLE-1 tree (measured only since) from its
-    head, wherever the head is now (an earlier commit's `heads/MODEL`); its other figures stay as
-    they were measured."""
+    """Fill in the figures an earlier stretch lacks because they were measured only since (tau with
+    the fixed EAGLE-1 tree, n-alpha on the target's own answers) from its head, wherever the head
+    is now (an earlier commit's `heads/MODEL`); its other figures stay as they were measured."""
     ledger_path = RESULTS / f"{model}.json"
     ledger = json.loads(ledger_path.read_text())
     entry = ledger["stretches"][number]
-    entry["mt_bench_tau_eagle1"] = mt_bench(model, head, CACHE / model / f"stretch-{number}")["mt_bench_tau_eagle1"]
+    work = CACHE / model / f"stretch-{number}"
+    work.mkdir(parents=True, exist_ok=True)
+    if "mt_bench_tau_eagle1" not in entry:
+        entry["mt_bench_tau_eagle1"] = mt_bench(model, head, work)["mt_bench_tau_eagle1"]
+    own = ROOT / "data" / "regenerated" / f"{model}-heldout"
+    if "alpha_own_text" not in entry and own.is_dir():
+        entry["alpha_own_text"] = held_out(model, head, work / "alpha-own.json", own)["alpha"]
     write_json(ledger, ledger_path)
     plot()
 
 
-def stretch(model: str) -> None:
+def better(entry: dict, earlier: list[dict]) -> bool:
+    """Whether a stretch's head beats every earlier one: expected chain length on the target's own
+    answers where it and the best earlier head have it, else on human answers."""
+    if "alpha_own_text" in entry:
+        known = [chain_length(s["alpha_own_text"]) for s in earlier if "alpha_own_text" in s]
+        if known:
+            return chain_length(entry["alpha_own_text"]) > max(known)
+    return entry["chain_length"] > max(s["chain_length"] for s in earlier)
+
+
+def stretch(model: str, data: str | None) -> None:
     recipe = RECIPES[model]
     ledger_path = RESULTS / f"{model}.json"
     ledger = json.loads(ledger_path.read_text()) if ledger_path.is_file() else {"model": model, "stretches": []}
@@ -136,12 +156,13 @@ def stretch(model: str) -> None:
         entry = {"stretch": 0, "conversations": 0, "skip": 0, "extract_seconds": 0.0, "train_seconds": 0.0,
                  "note": "the head shipped before the program", **measure(model, str(head), work)}
     else:
-        skip = sum(s["conversations"] for s in stretches)
+        # the ShareGPT slices follow each other; a --data stretch takes all of its source
+        skip = sum(s["conversations"] for s in stretches if "data" not in s)
         features = work / "train"
-        extract = [E, "extract", "--model", model, "--split", "train", "--skip", str(skip),
-                   "--limit", str(recipe["conversations"]), "--dtype", "float32", "--threads", "2",
-                   "--out", str(features)]
-        extract_seconds = run(extract)
+        source = ["--data", data] if data else ["--skip", str(skip), "--limit", str(recipe["conversations"])]
+        extract = [E, "extract", "--model", model, "--split", "train", *source, "--dtype", "float32",
+                   "--threads", "2", "--out", str(features)]
+        run(extract)
         heldout = CACHE / model / "heldout"
         run([E, "extract", "--model", model, "--split", "heldout", "--limit", str(HELDOUT), "--dtype", "float32",
              "--threads", "2", "--out", str(heldout)])
@@ -151,15 +172,16 @@ def stretch(model: str) -> None:
         trained = json.loads((work / "run" / "head" / "config.json").read_text())["eaglespec"]
         from eaglespec.training.features import FeatureSet
 
-        entry = {"stretch": n, "conversations": recipe["conversations"], "skip": skip,
-                 "tokens": FeatureSet(features).tokens(),
+        feature_set = FeatureSet(features)
+        entry = {"stretch": n, **({"data": data} if data else {"skip": skip}),
+                 "conversations": len(feature_set) if data else recipe["conversations"],
+                 "tokens": feature_set.tokens(),
                  # what the features cost (shard wall times) and what training cost (evaluations excluded)
                  "extract_seconds": round(trained["feature_seconds"], 1),
                  "train_seconds": trained["eval_seconds"][-1] if trained["eval_seconds"] else trained["train_seconds"],
                  "commands": [" ".join(extract[1:]), " ".join(train[1:])],
                  "train_evals": trained["evals"], **measure(model, str(work / "run" / "head"), work)}
-        best = max(s["chain_length"] for s in stretches)
-        entry["kept"] = entry["chain_length"] > best
+        entry["kept"] = better(entry, stretches)
         if entry["kept"]:
             tmp = head.with_name(f".{model}.tmp")
             shutil.rmtree(tmp, ignore_errors=True)
@@ -216,16 +238,21 @@ def plot() -> None:
 def table() -> str:
     """The README's table: one row per stretch of every model."""
     lines = ["| model | stretch | new conversations (tokens) | CPU hours in all | held-out 0..4-alpha | "
-             "chain length | MT-bench tau, EAGLE-1 tree | MT-bench tau, auto tree | kept |",
-             "|---|---|---|---|---|---|---|---|---|"]
+             "chain length | on the target's own answers: 0..4-alpha, chain length | MT-bench tau, EAGLE-1 tree | "
+             "MT-bench tau, auto tree | kept |",
+             "|---|---|---|---|---|---|---|---|---|---|"]
     for path in sorted(RESULTS.glob("*.json")):
         ledger = json.loads(path.read_text())
         for s in ledger["stretches"]:
             data = "the starting head" if s["stretch"] == 0 else f"{s['conversations']} ({s['tokens']:,})"
+            if "data" in s:
+                data = f"{s['conversations']} of the target's own answers ({s['tokens']:,})"
+            own = s.get("alpha_own_text")
+            own = f"{', '.join(f'{a:.3f}' for a in own)}; {chain_length(own):.3f}" if own else "-"
             fixed = f"{s['mt_bench_tau_eagle1']:.2f}" if "mt_bench_tau_eagle1" in s else "-"
             kept = "-" if s["stretch"] == 0 else ("yes" if s["kept"] else "no")
             lines.append(f"| {ledger['model']} | {s['stretch']} | {data} | {s['cpu_hours']:.2f} | "
-                         f"{', '.join(f'{a:.3f}' for a in s['alpha'])} | {s['chain_length']:.3f} | "
+                         f"{', '.join(f'{a:.3f}' for a in s['alpha'])} | {s['chain_length']:.3f} | {own} | "
                          f"{fixed} | {s['mt_bench_tau']:.2f} | {kept} |")
     return "\n".join(lines)
 
@@ -234,6 +261,8 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("model", nargs="?", choices=sorted(RECIPES))
     parser.add_argument("--report", action="store_true", help="Redraw program.png and print the README table.")
+    parser.add_argument("--data", help="Train this stretch on all of this source's training conversations "
+                        "(e.g. data/regenerated/MODEL, the target's own answers) instead of the next ShareGPT slice.")
     parser.add_argument("--remeasure", nargs=2, metavar=("STRETCH", "HEAD"),
                         help="Fill in stretch STRETCH's MT-bench figures from its head folder HEAD.")
     args = parser.parse_args()
@@ -245,7 +274,7 @@ def main() -> None:
         plot()
         print(table())
     elif args.model:
-        stretch(args.model)
+        stretch(args.model, args.data)
     else:
         parser.error("give a MODEL for one stretch, or --report")
 
