@@ -264,7 +264,7 @@ def main() -> None:
     parser.add_argument("--data", help="Train this stretch on all of this source's training conversations "
                         "(e.g. data/regenerated/MODEL, the target's own answers) instead of the next ShareGPT slice.")
     parser.add_argument("--remeasure", nargs=2, metavar=("STRETCH", "HEAD"),
-                        help="Fill in stretch STRETCH's MT-bench figures from its head folder HEAD.")
+                        help="Fill in what stretch STRETCH lacks (EAGLE-1-tree tau, n-alpha on own answers) from its head folder HEAD.")
     args = parser.parse_args()
     if args.remeasure:
         if not args.model:
