@@ -91,11 +91,13 @@ def _write_shard(path: Path, records: list[dict]) -> None:
     os.replace(tmp, path)
 
 
-def _record_progress(out: Path, shard: int, tokens: int, seconds: float) -> None:
-    """Per shard: generated tokens and wall seconds (the CPU hours behind the data)."""
+def _record_progress(out: Path, shard: int, tokens: int, seconds: float, method: str) -> None:
+    """Per shard: generated tokens, wall seconds (the CPU hours behind the data) and the drafting method
+    (it sets only the speed, so one folder's shards may differ in it)."""
     manifest = out / "manifest.json"
     found = json.loads(manifest.read_text())
-    found.setdefault("shards", {})[f"{shard:05d}"] = {"tokens": tokens, "seconds": round(seconds, 1)}
+    found.setdefault("shards", {})[f"{shard:05d}"] = {"tokens": tokens, "seconds": round(seconds, 1),
+                                                       "method": method}
     write_json(found, manifest)
 
 
@@ -107,7 +109,9 @@ def regenerate(target: Target, config: RegenerateConfig, out: Path, method=None,
     split = ExtractConfig(config.model, config.source, config.split, config.limit,
                           heldout_fraction=config.heldout_fraction, seed=config.seed)
     conversations = select(split, ReadReport())
-    check_manifest(out, asdict(config), "answers")
+    settings = asdict(config)
+    del settings["method"]  # not a setting of the answers: every method gives the target's greedy output
+    check_manifest(out, settings, "answers")
     shards = -(-len(conversations) // config.shard_size)
     todo = [k for k in range(shards) if not (out / f"part-{k:05d}.jsonl.gz").is_file()]
     print(f"{len(conversations)} conversations in {shards} shards at {out}; {len(todo)} shards to do")
@@ -124,7 +128,7 @@ def regenerate(target: Target, config: RegenerateConfig, out: Path, method=None,
             bar.update(1)
             bar.set_postfix(tokens=tokens)
         _write_shard(out / f"part-{k:05d}.jsonl.gz", records)
-        _record_progress(out, k, tokens, time.monotonic() - shard_start)
+        _record_progress(out, k, tokens, time.monotonic() - shard_start, config.method)
         done += 1
         if max_minutes is not None and time.monotonic() - started > max_minutes * 60:
             break
