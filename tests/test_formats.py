@@ -26,14 +26,16 @@ def test_int4_recovers_q4_1_weights_exactly():
     q = torch.randint(0, 16, (N, K // GROUP, GROUP), generator=g).float()
     q[..., 0], q[..., 1] = 0, 15
     w = (d * q + m).reshape(N, K)
-    codes, scale, offset, exact = quantize_int4(w)
+    codes, scale, low, exact = quantize_int4(w)
     assert exact == 1.0 and torch.equal(codes.float(), q.reshape(N, K))
-    assert torch.allclose((codes.float() - 8) * scale.t().repeat_interleave(GROUP, 1)
-                          + offset.t().repeat_interleave(GROUP, 1), w, rtol=0, atol=1e-6)
+    assert torch.allclose(codes.float() * scale.t().repeat_interleave(GROUP, 1) + low.t().repeat_interleave(GROUP, 1),
+                          w, rtol=0, atol=1e-6)
+    # our int4 kernel keeps scale and low in fp16: the GGUF's own d and m
+    assert torch.equal(scale.half().float(), d[..., 0].t()) and torch.equal(low.half().float(), m[..., 0].t())
     # other weights: the nearest of 16 levels, so within half a level
     free = torch.randn(N, K, generator=g)
-    codes, scale, offset, exact = quantize_int4(free)
-    back = (codes.float() - 8) * scale.t().repeat_interleave(GROUP, 1) + offset.t().repeat_interleave(GROUP, 1)
+    codes, scale, low, exact = quantize_int4(free)
+    back = codes.float() * scale.t().repeat_interleave(GROUP, 1) + low.t().repeat_interleave(GROUP, 1)
     assert exact < 0.01 and ((back - free).abs() <= scale.t().repeat_interleave(GROUP, 1) / 2 + 1e-6).all()
 
 

@@ -1,4 +1,4 @@
-"""Our CPU kernels (the linear over fp32 or bf16 weights, a layer's fused small operations): the right numbers, and a row's
+"""Our CPU kernels (the linear over fp32, bf16 or 4-bit weights, a layer's fused small operations): the right numbers, and a row's
 numbers whatever else the call carries."""
 
 import pytest
@@ -57,6 +57,30 @@ def test_a_row_gets_the_same_bits_in_any_call(w_dtype, x_dtype):
     try:
         torch.set_num_threads(1)
         assert torch.equal(f(x, w, b), whole)
+    finally:
+        torch.set_num_threads(threads)
+
+
+@pytest.mark.skipif(not BF16_KERNEL, reason="this CPU has no AVX-512 BF16")
+def test_int4_kernel_multiplies_by_its_4_bit_weights_and_a_row_gets_the_same_bits_in_any_call():
+    g = torch.Generator().manual_seed(3)
+    N, K = 300, 1536  # several tiles of 64 outputs, a thread's tiles run one by one; 48 groups of 32
+    codes = torch.randint(0, 16, (N, K), generator=g, dtype=torch.int32)
+    scale = (torch.rand(K // 32, N, generator=g) * 0.01).half().float()
+    low = (torch.randn(K // 32, N, generator=g) * 0.05).half().float()
+    packed = kernels.pack_int4(codes, scale, low)
+    w = codes.float() * scale.t().repeat_interleave(32, 1) + low.t().repeat_interleave(32, 1)
+    x = torch.randn(11, K, generator=g).bfloat16()
+    whole = kernels.row_linear_int4(x, packed, N)
+    reference = x.float() @ w.t()  # the fp32 product, then one bf16 rounding
+    assert ((whole.float() - reference).abs() <= reference.abs() * 2 ** -8 + 1e-4).all()
+    for m in range(1, 12):
+        assert torch.equal(kernels.row_linear_int4(x[:m], packed, N), whole[:m])
+        assert torch.equal(kernels.row_linear_int4(x[m - 1:m], packed, N), whole[m - 1:m])
+    threads = torch.get_num_threads()
+    try:
+        torch.set_num_threads(1)
+        assert torch.equal(kernels.row_linear_int4(x, packed, N), whole)
     finally:
         torch.set_num_threads(threads)
 

@@ -72,7 +72,7 @@ class Residual:
 
 def accept_greedy(tree: DraftTree, logits: Tensor) -> tuple[list[int], int]:
     """(accepted node indices, bonus token) from target logits [1 + N, V] (root first)."""
-    best = logits.argmax(-1).tolist()
+    best = logits.max(-1).indices.tolist()  # argmax's first maximal index; torch's bf16 argmax is slow on CPUs
     kids = tree.children()
     path: list[int] = []
     row = 0

@@ -9,6 +9,9 @@ bool row_linear_available();
 torch::Tensor pack_bf16(torch::Tensor w);
 torch::Tensor row_linear_bf16(torch::Tensor x, torch::Tensor packed, int64_t N, c10::optional<torch::Tensor> bias);
 bool row_linear_bf16_available();
+torch::Tensor pack_int4(torch::Tensor codes, torch::Tensor scale, torch::Tensor low);
+torch::Tensor row_linear_int4(torch::Tensor x, torch::Tensor packed, int64_t N);
+bool row_linear_int4_available();
 torch::Tensor rms_norm(torch::Tensor x, torch::Tensor w, double eps);
 torch::Tensor silu_mul(torch::Tensor x);
 torch::Tensor rope_store(torch::Tensor qkv, torch::Tensor cos, torch::Tensor sin, torch::Tensor k_cache,
@@ -25,6 +28,10 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, module) {
   module.def("row_linear_bf16", &row_linear_bf16, "Row-invariant linear layer over packed bf16 weights and bf16 inputs (CPU)");
   module.def("row_linear_bf16_available", &row_linear_bf16_available,
              "Whether row_linear_bf16 was built (it needs AVX-512 BF16)");
+  module.def("pack_int4", &pack_int4, "4-bit weights (codes, scale, low) in row_linear_int4's layout");
+  module.def("row_linear_int4", &row_linear_int4, "Row-invariant linear layer over packed 4-bit weights and bf16 inputs (CPU)");
+  module.def("row_linear_int4_available", &row_linear_int4_available,
+             "Whether row_linear_int4 was built (it needs AVX-512 BF16)");
   module.def("rms_norm", &rms_norm, "RMSNorm, one call (CPU)");
   module.def("silu_mul", &silu_mul, "silu(gate) * up over the halves of the last axis, one call (CPU)");
   module.def("rope_store", &rope_store, "Rotary embedding of q and k and the cache write of k and v, one call (CPU)");

@@ -52,8 +52,8 @@ def _load():
                 fcntl.flock(guard, fcntl.LOCK_EX)
                 (build / "lock").unlink(missing_ok=True)
                 _module = load(name=name, sources=[str(Path(__file__).with_name(f"{n}.cpp"))
-                                                   for n in ("kernels", "row_attention", "row_linear", "layer_ops",
-                                                             "layer_stack")],
+                                                   for n in ("kernels", "row_attention", "row_linear", "int4_linear",
+                                                             "layer_ops", "layer_stack")],
                                extra_cflags=["-O3", "-march=native"], build_directory=str(build), verbose=False)
         except Exception as err:  # no compiler, no ninja: fall back, once, loudly
             _failed = str(err).strip().splitlines()[-1] if str(err).strip() else type(err).__name__
@@ -101,6 +101,18 @@ def pack_bf16(weight: Tensor) -> Tensor | None:
 def row_linear_bf16(x: Tensor, tiles: Tensor, out_features: int, bias: Tensor | None) -> Tensor:
     """x [M, K] bf16 @ W^T (+ bias) with W packed by `pack_bf16`, row-invariant for any M."""
     return _load().row_linear_bf16(x, tiles, out_features, bias)
+
+
+def pack_int4(codes: Tensor, scale: Tensor, low: Tensor) -> Tensor | None:
+    """4-bit weights (codes [N, K] in 0..15, w = codes * scale + low with scale and low [K / 32, N])
+    in the layout of our int4 kernel, where this CPU runs it (AVX-512 BF16), else None."""
+    module = _load() if codes.device.type == "cpu" else None
+    return module.pack_int4(codes, scale, low) if module is not None and module.row_linear_int4_available() else None
+
+
+def row_linear_int4(x: Tensor, packed: Tensor, out_features: int) -> Tensor:
+    """x [M, K] bf16 @ W^T with W packed by `pack_int4`, row-invariant for any M; bf16 [M, N]."""
+    return _load().row_linear_int4(x, packed, out_features)
 
 
 def row_attention(q: Tensor, keys: Tensor, values: Tensor, mask: Tensor | None) -> Tensor:

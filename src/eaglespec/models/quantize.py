@@ -1,11 +1,14 @@
 """Weight-only quantized linears: the target's matrices kept as 8- or 4-bit integers and multiplied
 by torch's CPU kernels without expanding them, so a forward reads 2-4x fewer bytes than bf16.
 
-- `int4`: groups of 32 input weights share a scale and an offset, w = (q - 8) * scale + offset with
-  q in 0..15 (`torch.ops.aten._weight_int4pack_mm_for_cpu`). This is the bundled GGUFs' Q4_1 form
-  (w = d * q + m): where a group's dequantized values lie on such a grid, the codes are recovered
-  exactly, so the int4 model runs the GGUF's own 4-bit weights. Other groups are rounded to the
-  nearest of 16 levels between their min and max.
+- `int4`: groups of 32 input weights share a scale and a low end, w = q * scale + low with q in
+  0..15. This is the bundled GGUFs' Q4_1 form (w = d * q + m): where a group's dequantized values
+  lie on such a grid, the codes are recovered exactly, so the int4 model runs the GGUF's own 4-bit
+  weights. Other groups are rounded to the nearest of 16 levels between their min and max. On CPUs
+  with AVX-512 BF16 our kernel multiplies them (`kernels.row_linear_int4`: scale and low in fp16,
+  as GGUF stores d and m; the codes read once per call for all rows, so a draft tree costs little
+  more than one token); elsewhere torch's (`_weight_int4pack_mm_for_cpu`, over w = (q - 8) *
+  scale + offset with bf16 scales and offsets, whose cost grows with every row).
 - `int8`: one scale per output row, w = q * scale with q in -127..127 (`_weight_int8pack_mm`).
 
 With `int4` the decoder layers are 4-bit and the LM head (often the embedding, and 8-bit or wider in
@@ -13,9 +16,9 @@ GGUF files) is int8; with `int8` all of them are int8. The embedding table stays
 reads one row). Losslessness is relative to vanilla decoding with the same weights: speculative
 decoding changes nothing about which weights run.
 
-The kernels multiply bf16 activations by bf16 scales (their fp32 path is about 10x slower on
-CPUs, measured on an AVX2 machine): a quantized linear takes its input in bf16 and returns the
-model's dtype, so scales and offsets are bf16 roundings of the GGUF's fp16 ones.
+The kernels take bf16 activations (torch's fp32 path is about 10x slower on CPUs, measured on an
+AVX2 machine) and return bf16: a quantized linear takes its input in bf16 and returns the model's
+dtype. torch's kernels also use bf16 scales, roundings of the GGUF's fp16 ones.
 """
 
 from __future__ import annotations
@@ -24,22 +27,22 @@ import torch
 from torch import Tensor, nn
 
 from eaglespec.errors import InvalidArgumentError
+from eaglespec.models import kernels
 
 WEIGHT_FORMATS = ("dense", "int8", "int4")
 GROUP = 32  # input weights per int4 scale/offset
 
 
 def quantize_int4(weight: Tensor) -> tuple[Tensor, Tensor, Tensor, float]:
-    """codes [N, K] int32 in 0..15, scale and offset [K / GROUP, N] (fp32), and the share of groups
-    whose values lay exactly on their grid (recovered bit for bit)."""
+    """codes [N, K] int32 in 0..15, scale and low [K / GROUP, N] (fp32; w = codes * scale + low),
+    and the share of groups whose values lay exactly on their grid (recovered bit for bit)."""
     N, K = weight.shape
     w = weight.float().reshape(N, K // GROUP, GROUP)
     low, high = w.amin(-1, keepdim=True), w.amax(-1, keepdim=True)
     scale = (high - low) / 15  # 0 for a constant group: every code 0, the offset alone gives w
     codes = ((w - low) / torch.where(scale > 0, scale, torch.ones_like(scale))).round().clamp(0, 15)
     exact = ((low + scale * codes) == w).all(-1)
-    offset = low + 8 * scale  # (q - 8) * scale + offset == low + q * scale
-    return (codes.reshape(N, K).to(torch.int32), scale[..., 0].t().contiguous(), offset[..., 0].t().contiguous(),
+    return (codes.reshape(N, K).to(torch.int32), scale[..., 0].t().contiguous(), low[..., 0].t().contiguous(),
             float(exact.float().mean()))
 
 
@@ -64,9 +67,14 @@ class QuantizedLinear(nn.Module):
                 raise InvalidArgumentError(
                     f"int4 weights need input sizes divisible by {GROUP} and output sizes by 16 (the kernel's); "
                     f"this model has a {self.out_features} x {self.in_features} matrix: use --weights int8 or dense")
-            codes, scale, offset, self.exact = quantize_int4(weight)
-            self.register_buffer("packed", torch.ops.aten._convert_weight_to_int4pack_for_cpu(codes, 1))
-            self.register_buffer("scale_offset", torch.stack((scale, offset), -1).to(torch.bfloat16))
+            codes, scale, low, self.exact = quantize_int4(weight)
+            if (tiles := kernels.pack_int4(codes, scale, low)) is not None:  # our kernel's layout
+                self.register_buffer("packed", tiles)
+                self.register_buffer("scale_offset", None)
+            else:  # torch's: w = (q - 8) * scale + offset
+                offset = low + 8 * scale
+                self.register_buffer("packed", torch.ops.aten._convert_weight_to_int4pack_for_cpu(codes, 1))
+                self.register_buffer("scale_offset", torch.stack((scale, offset), -1).to(torch.bfloat16))
         elif kind == "int8":
             codes, scale = quantize_int8(weight)
             self.exact = 0.0
@@ -83,6 +91,8 @@ class QuantizedLinear(nn.Module):
         return self._matmul(eye).t().contiguous()
 
     def _matmul(self, x: Tensor) -> Tensor:
+        if self.kind == "int4" and self.scale_offset is None:
+            return kernels.row_linear_int4(x, self.packed, self.out_features)
         if self.kind == "int4":
             return torch.ops.aten._weight_int4pack_mm_for_cpu(x, self.packed, GROUP, self.scale_offset)
         return torch.ops.aten._weight_int8pack_mm(x, self.packed, self.scale_offset)

@@ -1,0 +1,186 @@
+// A linear layer over 4-bit weights for decoding and verification on CPUs with AVX-512 BF16:
+// y[M, N] = x[M, K] W[N, K]^T, x bf16, W in groups of 32 inputs w = q * scale + low (q in 0..15,
+// scale and low fp16 per output and group: GGUF Q4_1's own d and m), y bf16.
+//
+// The codes are never expanded to bf16 weights in memory. In registers a code q becomes the bf16
+// number 128 + q (the bits 0x4300 | q: exact), so a vdpbf16ps over a group gives, per output,
+// a = sum x[k] (128 + q[k]) with exact products, and the group adds scale * a + (low - 128 scale) * s,
+// where s = sum x[k] over the group (computed once per row). Each output is one fixed sequence of
+// operations over the input pairs and the groups in order, so a row's result does not depend on how
+// many rows the call carries (verification gives a tree node what one-token decoding gives it) nor
+// on the number of threads. The codes stream from memory once per call: a tile of 64 outputs is
+// read for every row group while it sits in cache, up to four rows sharing each code vector, so a
+// forward over a few draft tokens costs little more than over one.
+//
+// Layout (`pack_int4`): for each tile of 64 outputs and each group of 32 inputs, 1280 bytes: the
+// codes of the group's 16 input pairs (64 bytes a pair: two halves of 32 bytes; in half h, byte j's
+// low nibble is element j of vector 2h and its high nibble element j of vector 2h + 1, where element
+// j of vector v is output 16 v + j / 2 at input 2 p + j % 2), then the 64 scales and the 64 lows (fp16).
+
+#include <torch/extension.h>
+#include <ATen/Parallel.h>
+
+#include <cstdint>
+#include <vector>
+
+namespace {
+
+constexpr int64_t GROUP = 32;
+constexpr int64_t TILE_OUT = 64;
+constexpr int64_t CODE_BYTES = GROUP / 2 * 64;           // 16 pairs x 64 bytes
+constexpr int64_t BLOCK = CODE_BYTES + 2 * TILE_OUT * 2;  // codes, scales, lows
+
+}  // namespace
+
+// codes [N, K] integers 0..15, scale and low [K / 32, N] (any float dtype, rounded to fp16) -> the
+// kernel's layout [ceil(N / 64), K / 32, 1280] uint8 (outputs past N get zero codes and parameters).
+torch::Tensor pack_int4(torch::Tensor codes, torch::Tensor scale, torch::Tensor low) {
+  TORCH_CHECK(codes.dim() == 2 && codes.size(1) % GROUP == 0, "pack_int4: codes [N, K] with K % 32 == 0");
+  const int64_t N = codes.size(0), K = codes.size(1), G = K / GROUP, T = (N + TILE_OUT - 1) / TILE_OUT;
+  TORCH_CHECK(scale.sizes() == low.sizes() && scale.size(0) == G && scale.size(1) == N,
+              "pack_int4: scale and low [K / 32, N]");
+  auto c = torch::zeros({T * TILE_OUT, K}, codes.options().dtype(torch::kUInt8));
+  c.narrow(0, 0, N).copy_(codes);
+  // (t, v, c16, g, p, parity) -> (t, g, p, half, v % 2, element): per pair the 4 vectors of 32 elements
+  auto e = c.view({T, 4, 16, G, GROUP / 2, 2}).permute({0, 3, 4, 1, 2, 5}).reshape({T, G, GROUP / 2, 2, 2, 32});
+  auto bytes = e.select(4, 0).bitwise_or(e.select(4, 1).mul(16)).reshape({T, G, CODE_BYTES});  // vectors 2h, 2h + 1
+  auto params = [&](const torch::Tensor& p) {
+    auto padded = torch::zeros({G, T * TILE_OUT}, p.options().dtype(torch::kHalf));
+    padded.narrow(1, 0, N).copy_(p);
+    return padded.view({G, T, TILE_OUT}).permute({1, 0, 2}).contiguous().view(torch::kUInt8);  // [T, G, 128]
+  };
+  return torch::cat(std::vector<torch::Tensor>{bytes, params(scale), params(low)}, 2).contiguous();
+}
+
+#if defined(__AVX512BF16__) && defined(__AVX512F__) && defined(__AVX512BW__) && defined(__AVX512VL__)
+#include <immintrin.h>
+
+namespace {
+
+constexpr int64_t ROWS = 4;
+constexpr int64_t PREFETCH = 2 * BLOCK;  // bytes ahead of the code stream
+
+// R rows against V vectors of 16 outputs (V = 4: the whole tile; V = 2: half `half`) of one tile.
+// xs: per row and group, the sum of the group's inputs.
+template <int R, int V>
+inline void tile_rows(const at::BFloat16* x, int64_t K, const uint8_t* tile, int half, const float* xs,
+                      int64_t G, int64_t n0, int64_t N, at::BFloat16* y, int64_t ldy) {
+  __m512 out[R][V];
+  for (int r = 0; r < R; ++r)
+    for (int v = 0; v < V; ++v) out[r][v] = _mm512_setzero_ps();
+  const int32_t* xr[R];
+  for (int r = 0; r < R; ++r) xr[r] = reinterpret_cast<const int32_t*>(x + r * K);
+  const __m512i nibble = _mm512_set1_epi16(0x000F), bias = _mm512_set1_epi16(0x4300);  // bf16 128 + q
+  for (int64_t g = 0; g < G; ++g) {
+    const uint8_t* block = tile + g * BLOCK;
+    for (int64_t l = 0; l < BLOCK; l += 64)  // the codes stream from memory: ask for them ahead
+      _mm_prefetch(reinterpret_cast<const char*>(block) + PREFETCH + l, _MM_HINT_T0);
+    __m512 acc[R][V];
+    for (int r = 0; r < R; ++r)
+      for (int v = 0; v < V; ++v) acc[r][v] = _mm512_setzero_ps();
+    for (int64_t p = 0; p < GROUP / 2; ++p) {
+      const uint8_t* codes = block + p * 64;
+      __m512bh w[V];
+      for (int h = 0; h < V / 2; ++h) {
+        const __m512i b = _mm512_cvtepu8_epi16(_mm256_loadu_si256(
+            reinterpret_cast<const __m256i*>(codes + (V == 4 ? h : half) * 32)));
+        w[2 * h] = (__m512bh)_mm512_or_si512(_mm512_and_si512(b, nibble), bias);
+        w[2 * h + 1] = (__m512bh)_mm512_or_si512(_mm512_srli_epi16(b, 4), bias);
+      }
+      const int64_t k = g * (GROUP / 2) + p;
+      for (int r = 0; r < R; ++r) {
+        const __m512bh xb = (__m512bh)_mm512_set1_epi32(xr[r][k]);
+        for (int v = 0; v < V; ++v) acc[r][v] = _mm512_dpbf16_ps(acc[r][v], xb, w[v]);
+      }
+    }
+    const uint16_t* scales = reinterpret_cast<const uint16_t*>(block + CODE_BYTES);
+    const uint16_t* lows = scales + TILE_OUT;
+    for (int v = 0; v < V; ++v) {
+      const int64_t col = (V == 4 ? v : 2 * half + v) * 16;
+      const __m512 s = _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(scales + col)));
+      const __m512 l = _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(lows + col)));
+      const __m512 shift = _mm512_fnmadd_ps(_mm512_set1_ps(128.0f), s, l);  // low - 128 scale
+      for (int r = 0; r < R; ++r) {
+        out[r][v] = _mm512_fmadd_ps(s, acc[r][v], out[r][v]);
+        out[r][v] = _mm512_fmadd_ps(shift, _mm512_set1_ps(xs[r * G + g]), out[r][v]);
+      }
+    }
+  }
+  for (int v = 0; v < V; ++v) {
+    const int64_t c0 = n0 + (V == 4 ? v : 2 * half + v) * 16;
+    if (c0 >= N) break;
+    const int64_t width = N - c0 < 16 ? N - c0 : 16;
+    const __mmask16 keep = static_cast<__mmask16>((1u << width) - 1);
+    for (int r = 0; r < R; ++r)
+      _mm256_mask_storeu_epi16(y + r * ldy + c0, keep, (__m256i)_mm512_cvtneps_pbh(out[r][v]));
+  }
+}
+
+// One row group against a tile: one or two rows against the whole tile, three or four against each half.
+template <int R>
+inline void rows_against_tile(const at::BFloat16* x, int64_t K, const uint8_t* tile, const float* xs, int64_t G,
+                              int64_t n0, int64_t N, at::BFloat16* y) {
+  if constexpr (R <= 2) {
+    tile_rows<R, 4>(x, K, tile, 0, xs, G, n0, N, y, N);
+  } else {
+    tile_rows<R, 2>(x, K, tile, 0, xs, G, n0, N, y, N);
+    tile_rows<R, 2>(x, K, tile, 1, xs, G, n0, N, y, N);
+  }
+}
+
+}  // namespace
+
+// x [M, K] bfloat16; packed from pack_int4 (N outputs). Returns y [M, N] bfloat16.
+torch::Tensor row_linear_int4(torch::Tensor x, torch::Tensor packed, int64_t N) {
+  TORCH_CHECK(x.dim() == 2 && x.scalar_type() == torch::kBFloat16 && x.device().is_cpu(),
+              "row_linear_int4 takes bf16 inputs [M, K] on the CPU");
+  const int64_t M = x.size(0), K = x.size(1), G = K / GROUP;
+  TORCH_CHECK(K % GROUP == 0 && packed.dim() == 3 && packed.scalar_type() == torch::kUInt8 && packed.size(1) == G &&
+                  packed.size(2) == BLOCK && packed.size(0) * TILE_OUT >= N && packed.is_contiguous(),
+              "row_linear_int4: weights not from pack_int4 for this input size");
+  auto xc = x.contiguous();
+  // per row and group, the sum of its inputs in order (fp32)
+  auto sums = xc.view({M, G, GROUP}).to(torch::kFloat);
+  std::vector<float> xs(M * G);
+  const float* sp = sums.data_ptr<float>();
+  for (int64_t i = 0; i < M * G; ++i) {
+    float s = 0.0f;
+    for (int64_t j = 0; j < GROUP; ++j) s += sp[i * GROUP + j];
+    xs[i] = s;
+  }
+  auto y = torch::empty({M, N}, x.options());
+  const at::BFloat16* xp = xc.data_ptr<at::BFloat16>();
+  const uint8_t* wp = packed.data_ptr<uint8_t>();
+  at::BFloat16* yp = y.data_ptr<at::BFloat16>();
+  at::parallel_for(0, packed.size(0), 1, [&](int64_t begin, int64_t end) {
+    for (int64_t t = begin; t < end; ++t) {
+      const uint8_t* tile = wp + t * G * BLOCK;
+      const int64_t n0 = t * TILE_OUT;
+      for (int64_t m = 0; m < M;) {
+        // rows in groups of four; the last five as three and two; the last one to three together
+        const int64_t left = M - m, rows = left == 5 ? 3 : left < ROWS ? left : ROWS;
+        const at::BFloat16* xm = xp + m * K;
+        const float* sm = xs.data() + m * G;
+        at::BFloat16* ym = yp + m * N;
+        if (rows == 4) rows_against_tile<4>(xm, K, tile, sm, G, n0, N, ym);
+        else if (rows == 3) rows_against_tile<3>(xm, K, tile, sm, G, n0, N, ym);
+        else if (rows == 2) rows_against_tile<2>(xm, K, tile, sm, G, n0, N, ym);
+        else rows_against_tile<1>(xm, K, tile, sm, G, n0, N, ym);
+        m += rows;
+      }
+    }
+  });
+  return y;
+}
+
+bool row_linear_int4_available() { return true; }
+
+#else  // no AVX-512 BF16: int4 linears run torch's kernel (quantize.py asks first)
+
+torch::Tensor row_linear_int4(torch::Tensor x, torch::Tensor packed, int64_t N) {
+  TORCH_CHECK(false, "row_linear_int4 was built without AVX-512 BF16");
+}
+
+bool row_linear_int4_available() { return false; }
+
+#endif
