@@ -1,4 +1,4 @@
-"""Our CPU kernels (the linear over fp32, bf16 or 4-bit weights, a layer's fused small operations): the right numbers, and a row's
+"""Our CPU kernels (the linear over fp32, bf16, 8- or 4-bit weights, a layer's fused small operations): the right numbers, and a row's
 numbers whatever else the call carries."""
 
 import pytest
@@ -61,26 +61,38 @@ def test_a_row_gets_the_same_bits_in_any_call(w_dtype, x_dtype):
         torch.set_num_threads(threads)
 
 
+def quantized_case(kind: str, N: int, K: int, g: torch.Generator):
+    """(our kernel: x -> y, the dequantized weight [N, K] fp32) for random 4- or 8-bit weights."""
+    if kind == "int4":
+        codes = torch.randint(0, 16, (N, K), generator=g, dtype=torch.int32)
+        scale = (torch.rand(K // 32, N, generator=g) * 0.01).half().float()
+        low = (torch.randn(K // 32, N, generator=g) * 0.05).half().float()
+        packed = kernels.pack_int4(codes, scale, low)
+        w = codes.float() * scale.t().repeat_interleave(32, 1) + low.t().repeat_interleave(32, 1)
+        return (lambda x: kernels.row_linear_int4(x, packed, N)), w
+    codes = torch.randint(-127, 128, (N, K), generator=g, dtype=torch.int8)
+    scale = torch.rand(N, generator=g) * 0.01
+    packed = kernels.pack_int8(codes)
+    return (lambda x: kernels.row_linear_int8(x, packed, scale, N)), codes.float() * scale[:, None]
+
+
 @pytest.mark.skipif(not BF16_KERNEL, reason="this CPU has no AVX-512 BF16")
-def test_int4_kernel_multiplies_by_its_4_bit_weights_and_a_row_gets_the_same_bits_in_any_call():
+@pytest.mark.parametrize("kind", ["int4", "int8"])
+def test_quantized_kernels_multiply_by_their_weights_and_a_row_gets_the_same_bits_in_any_call(kind):
     g = torch.Generator().manual_seed(3)
-    N, K = 300, 1536  # several tiles of 64 outputs, a thread's tiles run one by one; 48 groups of 32
-    codes = torch.randint(0, 16, (N, K), generator=g, dtype=torch.int32)
-    scale = (torch.rand(K // 32, N, generator=g) * 0.01).half().float()
-    low = (torch.randn(K // 32, N, generator=g) * 0.05).half().float()
-    packed = kernels.pack_int4(codes, scale, low)
-    w = codes.float() * scale.t().repeat_interleave(32, 1) + low.t().repeat_interleave(32, 1)
+    N, K = 300, 1536  # several tiles of 64 outputs, a thread's tiles run one by one; 48 int4 groups
+    f, w = quantized_case(kind, N, K, g)
     x = torch.randn(11, K, generator=g).bfloat16()
-    whole = kernels.row_linear_int4(x, packed, N)
+    whole = f(x)
     reference = x.float() @ w.t()  # the fp32 product, then one bf16 rounding
     assert ((whole.float() - reference).abs() <= reference.abs() * 2 ** -8 + 1e-4).all()
     for m in range(1, 12):
-        assert torch.equal(kernels.row_linear_int4(x[:m], packed, N), whole[:m])
-        assert torch.equal(kernels.row_linear_int4(x[m - 1:m], packed, N), whole[m - 1:m])
+        assert torch.equal(f(x[:m]), whole[:m])
+        assert torch.equal(f(x[m - 1:m]), whole[m - 1:m])
     threads = torch.get_num_threads()
     try:
         torch.set_num_threads(1)
-        assert torch.equal(kernels.row_linear_int4(x, packed, N), whole)
+        assert torch.equal(f(x), whole)
     finally:
         torch.set_num_threads(threads)
 

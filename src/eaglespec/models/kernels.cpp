@@ -12,6 +12,9 @@ bool row_linear_bf16_available();
 torch::Tensor pack_int4(torch::Tensor codes, torch::Tensor scale, torch::Tensor low);
 torch::Tensor row_linear_int4(torch::Tensor x, torch::Tensor packed, int64_t N);
 bool row_linear_int4_available();
+torch::Tensor pack_int8(torch::Tensor codes);
+torch::Tensor row_linear_int8(torch::Tensor x, torch::Tensor packed, torch::Tensor scale, int64_t N);
+bool row_linear_int8_available();
 torch::Tensor rms_norm(torch::Tensor x, torch::Tensor w, double eps);
 torch::Tensor silu_mul(torch::Tensor x);
 torch::Tensor rope_store(torch::Tensor qkv, torch::Tensor cos, torch::Tensor sin, torch::Tensor k_cache,
@@ -32,6 +35,9 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, module) {
   module.def("row_linear_int4", &row_linear_int4, "Row-invariant linear layer over packed 4-bit weights and bf16 inputs (CPU)");
   module.def("row_linear_int4_available", &row_linear_int4_available,
              "Whether row_linear_int4 was built (it needs AVX-512 BF16)");
+  module.def("pack_int8", &pack_int8, "8-bit codes in row_linear_int8's layout");
+  module.def("row_linear_int8", &row_linear_int8, "Row-invariant linear layer over packed 8-bit weights and bf16 inputs (CPU)");
+  module.def("row_linear_int8_available", &row_linear_int8_available, "Whether row_linear_int8 was built (it needs AVX-512)");
   module.def("rms_norm", &rms_norm, "RMSNorm, one call (CPU)");
   module.def("silu_mul", &silu_mul, "silu(gate) * up over the halves of the last axis, one call (CPU)");
   module.def("rope_store", &rope_store, "Rotary embedding of q and k and the cache write of k and v, one call (CPU)");

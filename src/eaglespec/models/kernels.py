@@ -53,7 +53,7 @@ def _load():
                 (build / "lock").unlink(missing_ok=True)
                 _module = load(name=name, sources=[str(Path(__file__).with_name(f"{n}.cpp"))
                                                    for n in ("kernels", "row_attention", "row_linear", "int4_linear",
-                                                             "layer_ops", "layer_stack")],
+                                                             "int8_linear", "layer_ops", "layer_stack")],
                                extra_cflags=["-O3", "-march=native"], build_directory=str(build), verbose=False)
         except Exception as err:  # no compiler, no ninja: fall back, once, loudly
             _failed = str(err).strip().splitlines()[-1] if str(err).strip() else type(err).__name__
@@ -113,6 +113,17 @@ def pack_int4(codes: Tensor, scale: Tensor, low: Tensor) -> Tensor | None:
 def row_linear_int4(x: Tensor, packed: Tensor, out_features: int) -> Tensor:
     """x [M, K] bf16 @ W^T with W packed by `pack_int4`, row-invariant for any M; bf16 [M, N]."""
     return _load().row_linear_int4(x, packed, out_features)
+
+
+def pack_int8(codes: Tensor) -> Tensor | None:
+    """8-bit codes [N, K] in the layout of our int8 kernel, where this CPU runs it (AVX-512), else None."""
+    module = _load() if codes.device.type == "cpu" else None
+    return module.pack_int8(codes) if module is not None and module.row_linear_int8_available() else None
+
+
+def row_linear_int8(x: Tensor, packed: Tensor, scale: Tensor, out_features: int) -> Tensor:
+    """x [M, K] bf16 @ (codes * scale)^T with codes packed by `pack_int8`, row-invariant; bf16 [M, N]."""
+    return _load().row_linear_int8(x, packed, scale, out_features)
 
 
 def row_attention(q: Tensor, keys: Tensor, values: Tensor, mask: Tensor | None) -> Tensor:

@@ -9,9 +9,10 @@
 // may be none) and four linears, each linear one of
 //   TILES  bf16 weights packed for row_linear_bf16 (AVX-512 BF16)
 //   FP32   fp32 weights: row_linear up to 128 rows, else MKL with rows padded to a multiple of 4
-//   INT4   row_linear_int4 (weights from pack_int4, no scales), else torch's _weight_int4pack_mm_for_cpu,
+//   INT4   row_linear_int4 (weights from pack_int4: 3-d), else torch's _weight_int4pack_mm_for_cpu,
 //          over bf16 activations
-//   INT8   torch's _weight_int8pack_mm over bf16 activations
+//   INT8   row_linear_int8 (weights from pack_int8: 3-d), else torch's _weight_int8pack_mm, over bf16
+//          activations
 // (bf16 weights packed for oneDNN, on CPUs without AVX-512 BF16, keep the Python layers).
 
 #include <torch/extension.h>
@@ -26,6 +27,7 @@ torch::Tensor row_linear(torch::Tensor x, torch::Tensor w, c10::optional<torch::
 bool row_linear_available();
 torch::Tensor row_linear_bf16(torch::Tensor x, torch::Tensor packed, int64_t N, c10::optional<torch::Tensor> bias);
 torch::Tensor row_linear_int4(torch::Tensor x, torch::Tensor packed, int64_t N);
+torch::Tensor row_linear_int8(torch::Tensor x, torch::Tensor packed, torch::Tensor scale, int64_t N);
 torch::Tensor rms_norm(torch::Tensor x, torch::Tensor w, double eps);
 torch::Tensor silu_mul(torch::Tensor x);
 torch::Tensor rope_store(torch::Tensor qkv, torch::Tensor cos, torch::Tensor sin, torch::Tensor k_cache,
@@ -41,7 +43,7 @@ constexpr int64_t INT4_GROUP = 32;    // as in quantize.py
 struct LinearSpec {
   int64_t kind;
   torch::Tensor weight;  // TILES: packed; FP32: [N, K]; INT4 / INT8: the packed codes
-  torch::Tensor scales;  // INT4: scale_offset (undefined: our kernel's layout); INT8: per-row scales; else undefined
+  torch::Tensor scales;  // INT4: torch's scale_offset (ours: undefined); INT8: per-row scales; else undefined
   c10::optional<torch::Tensor> bias;
   int64_t out_features;
 
@@ -68,9 +70,11 @@ struct LinearSpec {
       case INT4:
       case INT8: {
         auto in = rows.to(at::kBFloat16).contiguous();
-        y = (kind == INT8            ? at::_weight_int8pack_mm(in, weight, scales)
-             : !scales.defined()     ? row_linear_int4(in, weight, out_features)
-                                     : at::_weight_int4pack_mm_for_cpu(in, weight, INT4_GROUP, scales))
+        const bool ours = weight.dim() == 3;  // our kernels' layouts
+        y = (kind == INT4 ? (ours ? row_linear_int4(in, weight, out_features)
+                                  : at::_weight_int4pack_mm_for_cpu(in, weight, INT4_GROUP, scales))
+                          : (ours ? row_linear_int8(in, weight, scales, out_features)
+                                  : at::_weight_int8pack_mm(in, weight, scales)))
                 .to(x.scalar_type());
         if (bias.has_value()) y = y + *bias;
         break;

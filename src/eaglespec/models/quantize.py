@@ -9,7 +9,9 @@ by torch's CPU kernels without expanding them, so a forward reads 2-4x fewer byt
   as GGUF stores d and m; the codes read once per call for all rows, so a draft tree costs little
   more than one token); elsewhere torch's (`_weight_int4pack_mm_for_cpu`, over w = (q - 8) *
   scale + offset with bf16 scales and offsets, whose cost grows with every row).
-- `int8`: one scale per output row, w = q * scale with q in -127..127 (`_weight_int8pack_mm`).
+- `int8`: one scale per output row, w = q * scale with q in -127..127: on CPUs with AVX-512 our
+  kernel (`kernels.row_linear_int8`: fp32 scales, the codes read once per call for all rows),
+  elsewhere torch's (`_weight_int8pack_mm`, bf16 scales).
 
 With `int4` the decoder layers are 4-bit and the LM head (often the embedding, and 8-bit or wider in
 GGUF files) is int8; with `int8` all of them are int8. The embedding table stays dense (a lookup
@@ -78,8 +80,12 @@ class QuantizedLinear(nn.Module):
         elif kind == "int8":
             codes, scale = quantize_int8(weight)
             self.exact = 0.0
-            self.register_buffer("packed", codes)
-            self.register_buffer("scale_offset", scale.to(torch.bfloat16))
+            if (tiles := kernels.pack_int8(codes)) is not None:  # our kernel's layout
+                self.register_buffer("packed", tiles)
+                self.register_buffer("scale_offset", scale)
+            else:
+                self.register_buffer("packed", codes)
+                self.register_buffer("scale_offset", scale.to(torch.bfloat16))
         else:
             raise InvalidArgumentError(f"unknown weight format '{kind}': use one of {', '.join(WEIGHT_FORMATS)}")
         self.bias = linear.bias
@@ -91,8 +97,10 @@ class QuantizedLinear(nn.Module):
         return self._matmul(eye).t().contiguous()
 
     def _matmul(self, x: Tensor) -> Tensor:
-        if self.kind == "int4" and self.scale_offset is None:
-            return kernels.row_linear_int4(x, self.packed, self.out_features)
+        if self.packed.dim() == 3:  # our kernels' layouts
+            if self.kind == "int4":
+                return kernels.row_linear_int4(x, self.packed, self.out_features)
+            return kernels.row_linear_int8(x, self.packed, self.scale_offset, self.out_features)
         if self.kind == "int4":
             return torch.ops.aten._weight_int4pack_mm_for_cpu(x, self.packed, GROUP, self.scale_offset)
         return torch.ops.aten._weight_int8pack_mm(x, self.packed, self.scale_offset)

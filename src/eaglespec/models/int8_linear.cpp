@@ -1,0 +1,126 @@
+// A linear layer over 8-bit weights for decoding and verification on CPUs with AVX-512:
+// y[M, N] = x[M, K] W[N, K]^T, x bf16, w = q * scale (q in -127..127, one fp32 scale per output), y bf16.
+//
+// The codes stay 8-bit in memory and become fp32 in registers (exact); each output accumulates
+// x[k] q[n, k] for k = 0, 1, 2, ... in order in one fp32 lane (FMA), then is scaled and rounded once.
+// So a row's result does not depend on how many rows the call carries, nor on the number of threads.
+// A tile of 64 outputs is read once per call for all rows (up to four rows sharing each code vector,
+// while the tile sits in cache), so a forward over a draft tree costs little more than over one token.
+//
+// Layout (`pack_int8`): for each tile of 64 outputs, per input k, the 64 outputs' codes side by side.
+
+#include <torch/extension.h>
+#include <ATen/Parallel.h>
+
+#include <cstdint>
+
+namespace {
+
+constexpr int64_t TILE_OUT = 64;
+
+}  // namespace
+
+// codes [N, K] int8 -> the kernel's layout [ceil(N / 64), K, 64] int8 (outputs past N get zero codes).
+torch::Tensor pack_int8(torch::Tensor codes) {
+  TORCH_CHECK(codes.dim() == 2 && codes.scalar_type() == torch::kChar, "pack_int8: int8 codes [N, K]");
+  const int64_t N = codes.size(0), K = codes.size(1), T = (N + TILE_OUT - 1) / TILE_OUT;
+  auto padded = torch::zeros({T * TILE_OUT, K}, codes.options());
+  padded.narrow(0, 0, N).copy_(codes);
+  return padded.view({T, TILE_OUT, K}).permute({0, 2, 1}).contiguous();
+}
+
+#if defined(__AVX512F__) && defined(__AVX512BW__) && defined(__AVX512VL__)
+#include <immintrin.h>
+
+namespace {
+
+constexpr int64_t ROWS = 4;
+constexpr int64_t PREFETCH = 1024;  // bytes ahead of the code stream
+
+inline __m512 bf16_to_fp32(const at::BFloat16* p) {  // one bf16 value broadcast as fp32 (exact)
+  return _mm512_castsi512_ps(_mm512_set1_epi32(static_cast<int32_t>(*reinterpret_cast<const uint16_t*>(p)) << 16));
+}
+
+// R rows against the 64 outputs of one tile.
+template <int R>
+inline void tile_rows(const at::BFloat16* x, int64_t K, const int8_t* tile, const float* scale, int64_t n0,
+                      int64_t N, at::BFloat16* y, int64_t ldy) {
+  __m512 acc[R][4];
+  for (int r = 0; r < R; ++r)
+    for (int v = 0; v < 4; ++v) acc[r][v] = _mm512_setzero_ps();
+  for (int64_t k = 0; k < K; ++k) {
+    const int8_t* codes = tile + k * TILE_OUT;
+    _mm_prefetch(reinterpret_cast<const char*>(codes) + PREFETCH, _MM_HINT_T0);
+    __m512 w[4];
+    for (int v = 0; v < 4; ++v)
+      w[v] = _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(codes + 16 * v))));
+    for (int r = 0; r < R; ++r) {
+      const __m512 xb = bf16_to_fp32(x + r * K + k);
+      for (int v = 0; v < 4; ++v) acc[r][v] = _mm512_fmadd_ps(xb, w[v], acc[r][v]);
+    }
+  }
+  for (int v = 0; v < 4; ++v) {
+    const int64_t c0 = n0 + 16 * v;
+    if (c0 >= N) break;
+    const int64_t width = N - c0 < 16 ? N - c0 : 16;
+    const __mmask16 keep = static_cast<__mmask16>((1u << width) - 1);
+    const __m512 s = _mm512_maskz_loadu_ps(keep, scale + c0);
+    for (int r = 0; r < R; ++r) {
+      // round to bf16 (nearest even) by hand: AVX-512 BF16's conversion is not on every AVX-512 CPU
+      const __m512i bits = _mm512_castps_si512(_mm512_mul_ps(acc[r][v], s));
+      const __m512i lsb = _mm512_and_si512(_mm512_srli_epi32(bits, 16), _mm512_set1_epi32(1));
+      const __m512i rounded = _mm512_srli_epi32(_mm512_add_epi32(bits, _mm512_add_epi32(lsb, _mm512_set1_epi32(0x7FFF))), 16);
+      _mm256_mask_storeu_epi16(y + r * ldy + c0, keep, _mm512_cvtepi32_epi16(rounded));
+    }
+  }
+}
+
+}  // namespace
+
+// x [M, K] bfloat16; packed from pack_int8 (N outputs); scale [N] fp32. Returns y [M, N] bfloat16.
+torch::Tensor row_linear_int8(torch::Tensor x, torch::Tensor packed, torch::Tensor scale, int64_t N) {
+  TORCH_CHECK(x.dim() == 2 && x.scalar_type() == torch::kBFloat16 && x.device().is_cpu(),
+              "row_linear_int8 takes bf16 inputs [M, K] on the CPU");
+  const int64_t M = x.size(0), K = x.size(1);
+  TORCH_CHECK(packed.dim() == 3 && packed.scalar_type() == torch::kChar && packed.size(1) == K &&
+                  packed.size(2) == TILE_OUT && packed.size(0) * TILE_OUT >= N && packed.is_contiguous(),
+              "row_linear_int8: weights not from pack_int8 for this input size");
+  TORCH_CHECK(scale.scalar_type() == torch::kFloat && scale.numel() == N && scale.is_contiguous(),
+              "row_linear_int8: fp32 scales [N]");
+  auto xc = x.contiguous();
+  auto y = torch::empty({M, N}, x.options());
+  const at::BFloat16* xp = xc.data_ptr<at::BFloat16>();
+  const int8_t* wp = packed.data_ptr<int8_t>();
+  const float* sp = scale.data_ptr<float>();
+  at::BFloat16* yp = y.data_ptr<at::BFloat16>();
+  at::parallel_for(0, packed.size(0), 1, [&](int64_t begin, int64_t end) {
+    for (int64_t t = begin; t < end; ++t) {
+      const int8_t* tile = wp + t * K * TILE_OUT;
+      const int64_t n0 = t * TILE_OUT;
+      for (int64_t m = 0; m < M;) {
+        // rows in groups of four; the last five as three and two; the last one to three together
+        const int64_t left = M - m, rows = left == 5 ? 3 : left < ROWS ? left : ROWS;
+        const at::BFloat16* xm = xp + m * K;
+        at::BFloat16* ym = yp + m * N;
+        if (rows == 4) tile_rows<4>(xm, K, tile, sp, n0, N, ym, N);
+        else if (rows == 3) tile_rows<3>(xm, K, tile, sp, n0, N, ym, N);
+        else if (rows == 2) tile_rows<2>(xm, K, tile, sp, n0, N, ym, N);
+        else tile_rows<1>(xm, K, tile, sp, n0, N, ym, N);
+        m += rows;
+      }
+    }
+  });
+  return y;
+}
+
+bool row_linear_int8_available() { return true; }
+
+#else  // no AVX-512: int8 linears run torch's kernel (quantize.py asks first)
+
+torch::Tensor row_linear_int8(torch::Tensor x, torch::Tensor packed, torch::Tensor scale, int64_t N) {
+  TORCH_CHECK(false, "row_linear_int8 was built without AVX-512");
+}
+
+bool row_linear_int8_available() { return false; }
+
+#endif
