@@ -63,7 +63,8 @@ constexpr int64_t PREFETCH = 2 * BLOCK;  // bytes ahead of the code stream
 // R rows against V vectors of 16 outputs (V = 4: the whole tile; V = 2: half `half`) of one tile.
 // xs: per row and group, the sum of the group's inputs.
 template <int R, int V>
-inline void tile_rows(const at::BFloat16* x, int64_t K, const uint8_t* tile, int half, const float* xs,
+__attribute__((noinline)) void tile_rows(  // (inlined, GCC may keep accumulators in memory: see int8_linear.cpp)
+    const at::BFloat16* x, int64_t K, const uint8_t* tile, int half, const float* xs,
                       int64_t G, int64_t n0, int64_t N, at::BFloat16* y, int64_t ldy) {
   __m512 out[R][V];
   for (int r = 0; r < R; ++r)

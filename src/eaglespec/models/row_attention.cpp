@@ -92,8 +92,8 @@ void attend(const torch::Tensor& q, const torch::Tensor& k, const torch::Tensor&
 #if defined(__AVX512F__) && defined(__AVX512BW__) && defined(__AVX512VL__)
 // The same contract with AVX-512 (F, BW, VL), in two passes, for any D <= 256:
 // 1. scores s[r, j] = (scale q_r) . k_j for every row and every key, masked or not: 16 keys at a
-//    time, transposed, so that s[r, j] is one fp32 chain over d = 0, 1, ... (a function of q_r and
-//    k_j alone);
+//    time, read in cache order; per key one fp32 chain over the 16-wide chunks of d, then its 16
+//    lanes summed by one fixed tree (a function of q_r and k_j alone);
 // 2. per row, over its visible keys: the max, e_j = exp(s_j - max) by one fixed polynomial (0 for a
 //    key it does not see), the normalizer summed in lanes chosen by the visible key's index among
 //    the visible ones, and out = sum_j e_j v_j as one chain per output over the keys in slot order,
@@ -133,41 +133,49 @@ inline __mmask16 seen(const bool* visible, int64_t j, int64_t S) {
   return _mm_test_epi8_mask(bytes, bytes);
 }
 
-// Keys i = 0..n-1 (n <= 16) at kbase + i * stride, transposed: kt[d * 16 + i] (zeros for i >= n).
-inline void gather_keys(const float* kbase, int64_t stride, int64_t n, int64_t D, float* kt) {
-  const __m512i at = _mm512_mullo_epi32(_mm512_set_epi32(15, 14, 13, 12, 11, 10, 9, 8, 7, 6, 5, 4, 3, 2, 1, 0),
-                                        _mm512_set1_epi32(static_cast<int>(stride)));
-  const __mmask16 m = first(n);
-  for (int64_t d = 0; d < D; ++d)
-    _mm512_storeu_ps(kt + d * 16, _mm512_mask_i32gather_ps(_mm512_setzero_ps(), m, at, kbase + d, 4));
-}
-inline void gather_keys(const at::BFloat16* kbase, int64_t stride, int64_t n, int64_t D, float* kt) {
-  // 32-bit words hold two bf16 numbers (d, d + 1): strides in bf16 elements, gathered in bytes
-  const __m512i at = _mm512_mullo_epi32(_mm512_set_epi32(15, 14, 13, 12, 11, 10, 9, 8, 7, 6, 5, 4, 3, 2, 1, 0),
-                                        _mm512_set1_epi32(static_cast<int>(2 * stride)));
-  const __mmask16 m = first(n);
-  const __m512i high = _mm512_set1_epi32(static_cast<int>(0xFFFF0000u));
-  int64_t d = 0;
-  for (; d + 2 <= D; d += 2) {
-    const __m512i w = _mm512_mask_i32gather_epi32(_mm512_setzero_si512(), m, at, kbase + d, 1);
-    _mm512_storeu_ps(kt + d * 16, _mm512_castsi512_ps(_mm512_slli_epi32(w, 16)));
-    _mm512_storeu_ps(kt + (d + 1) * 16, _mm512_castsi512_ps(_mm512_and_si512(w, high)));
+// The 16 keys i = 0..n-1 (n <= 16) at kbase + i * stride, read in order (one stream, as the cache
+// holds them) as fp32 in CHUNKS vectors each: kf[i * CHUNKS + c] (zeros past D and for i >= n).
+template <typename T, int64_t CHUNKS>
+inline void load_keys(const T* kbase, int64_t stride, int64_t n, const __mmask16* lanes, __m512* kf) {
+  for (int64_t i = 0; i < 16; ++i) {
+    // the cache streams from memory: ask for the keys two blocks ahead (prefetches never fault)
+    for (int64_t l = 0; l < CHUNKS * 16 * int64_t(sizeof(T)); l += 64)
+      _mm_prefetch(reinterpret_cast<const char*>(kbase + (i + 32) * stride) + l, _MM_HINT_T0);
+    for (int64_t c = 0; c < CHUNKS; ++c)
+      kf[i * CHUNKS + c] = i < n ? load16(kbase + i * stride + 16 * c, lanes[c]) : _mm512_setzero_ps();
   }
-  for (; d < D; ++d)  // an odd last element: one at a time
-    for (int64_t i = 0; i < 16; ++i) kt[d * 16 + i] = i < n ? static_cast<float>(kbase[i * stride + d]) : 0.0f;
 }
 
-// R query rows (scaled by sc) against one transposed block of 16 keys: s[r][i] = one fp32 chain over d.
-template <typename T, int R>
-inline void block_scores(const T* q, int64_t qstride, float sc, int64_t D, const float* kt, float* s, int64_t ld) {
-  __m512 acc[R];
-  for (int r = 0; r < R; ++r) acc[r] = _mm512_mul_ps(_mm512_set1_ps(static_cast<float>(q[r * qstride]) * sc), _mm512_loadu_ps(kt));
-  for (int64_t d = 1; d < D; ++d) {
-    const __m512 key = _mm512_loadu_ps(kt + d * 16);
-    for (int r = 0; r < R; ++r)
-      acc[r] = _mm512_fmadd_ps(_mm512_set1_ps(static_cast<float>(q[r * qstride + d]) * sc), key, acc[r]);
+// Sixteen vectors p[0..15] -> one vector whose lane i is the sum of p[i]'s 16 lanes, by one fixed tree:
+// within each 128-bit block lanes (0 + 2) + (1 + 3), then blocks (0 + 1) + (2 + 3).
+inline __m512 sum16(const __m512* p) {
+  __m512 pair[8], quad[4];
+  for (int i = 0; i < 8; ++i)
+    pair[i] = _mm512_add_ps(_mm512_unpacklo_ps(p[2 * i], p[2 * i + 1]), _mm512_unpackhi_ps(p[2 * i], p[2 * i + 1]));
+  for (int i = 0; i < 4; ++i) {
+    const __m512d a = _mm512_castps_pd(pair[2 * i]), b = _mm512_castps_pd(pair[2 * i + 1]);
+    quad[i] = _mm512_add_ps(_mm512_castpd_ps(_mm512_unpacklo_pd(a, b)), _mm512_castpd_ps(_mm512_unpackhi_pd(a, b)));
   }
-  for (int r = 0; r < R; ++r) _mm512_storeu_ps(s + r * ld, acc[r]);
+  // quad[g]: per 128-bit block b, the block's sums of keys 4g..4g+3
+  const __m512 lo = _mm512_add_ps(_mm512_shuffle_f32x4(quad[0], quad[1], _MM_SHUFFLE(2, 0, 2, 0)),
+                                  _mm512_shuffle_f32x4(quad[0], quad[1], _MM_SHUFFLE(3, 1, 3, 1)));
+  const __m512 hi = _mm512_add_ps(_mm512_shuffle_f32x4(quad[2], quad[3], _MM_SHUFFLE(2, 0, 2, 0)),
+                                  _mm512_shuffle_f32x4(quad[2], quad[3], _MM_SHUFFLE(3, 1, 3, 1)));
+  return _mm512_add_ps(_mm512_shuffle_f32x4(lo, hi, _MM_SHUFFLE(2, 0, 2, 0)),
+                       _mm512_shuffle_f32x4(lo, hi, _MM_SHUFFLE(3, 1, 3, 1)));
+}
+
+// One query row (scaled, fp32, CHUNKS vectors) against a block of 16 loaded keys: s[i] = the sum
+// over the 16 lanes (sum16) of the chain q[c] k_i[c] over the chunks c in order.
+template <int64_t CHUNKS>
+inline void block_scores(const __m512* q, const __m512* kf, float* s) {
+  __m512 p[16];
+  for (int64_t i = 0; i < 16; ++i) {
+    __m512 acc = _mm512_mul_ps(q[0], kf[i * CHUNKS]);
+    for (int64_t c = 1; c < CHUNKS; ++c) acc = _mm512_fmadd_ps(q[c], kf[i * CHUNKS + c], acc);
+    p[i] = acc;
+  }
+  _mm512_storeu_ps(s, sum16(p));
 }
 
 // R rows' outputs over D = 16 * CHUNKS (zero-padded) lanes: acc[r][c] += e[r][j] v_j, keys in order.
@@ -179,6 +187,8 @@ inline void weighted_values(const float* const* e, const T* vbase, int64_t vstri
     for (int64_t c = 0; c < CHUNKS; ++c) acc[r][c] = _mm512_setzero_ps();
   for (int64_t j = 0; j < S; ++j) {
     const T* value = vbase + j * vstride;
+    for (int64_t l = 0; l < CHUNKS * 16 * int64_t(sizeof(T)); l += 64)  // values 32 keys ahead
+      _mm_prefetch(reinterpret_cast<const char*>(value + 32 * vstride) + l, _MM_HINT_T0);
     __m512 weight[R];
     for (int r = 0; r < R; ++r) weight[r] = _mm512_set1_ps(e[r][j]);
     for (int64_t c = 0; c < CHUNKS; ++c) {
@@ -203,24 +213,20 @@ void attend512(const torch::Tensor& q, const torch::Tensor& k, const torch::Tens
   std::vector<float> scores(B * H * M * ld);
   const float sc = static_cast<float>(scale);
 
-  // 1. scores, per (b, h, block of 16 keys)
+  // 1. scores, per (b, h, block of 16 keys): the keys read once, every row against them
   at::parallel_for(0, B * H * blocks, 1, [&](int64_t begin, int64_t end) {
-    std::vector<float> kt(16 * CHUNKS * 16);  // [d][key] of one block
+    std::vector<__m512> kf(16 * CHUNKS);
+    __m512 query[CHUNKS];
     for (int64_t item = begin; item < end; ++item) {
       const int64_t bh = item / blocks, block = item % blocks, b = bh / H, h = bh % H;
       const int64_t j0 = block * 16, n = S - j0 < 16 ? S - j0 : 16;
-      const T* kbase = o.k + b * o.ks[0] + h * o.ks[1] + j0 * o.ks[2];
-      gather_keys(kbase, o.ks[2], n, D, kt.data());
+      load_keys<T, CHUNKS>(o.k + b * o.ks[0] + h * o.ks[1] + j0 * o.ks[2], o.ks[2], n, lanes, kf.data());
       const T* qbase = o.q + b * o.qs[0] + h * o.qs[1];
       float* sbase = scores.data() + bh * M * ld + j0;
-      int64_t r = 0;
-      for (; r + 8 <= M; r += 8) block_scores<T, 8>(qbase + r * o.qs[2], o.qs[2], sc, D, kt.data(), sbase + r * ld, ld);
-      for (; r + 4 <= M; r += 4) block_scores<T, 4>(qbase + r * o.qs[2], o.qs[2], sc, D, kt.data(), sbase + r * ld, ld);
-      switch (M - r) {  // the last rows together: as many chains as rows
-        case 3: block_scores<T, 3>(qbase + r * o.qs[2], o.qs[2], sc, D, kt.data(), sbase + r * ld, ld); break;
-        case 2: block_scores<T, 2>(qbase + r * o.qs[2], o.qs[2], sc, D, kt.data(), sbase + r * ld, ld); break;
-        case 1: block_scores<T, 1>(qbase + r * o.qs[2], o.qs[2], sc, D, kt.data(), sbase + r * ld, ld); break;
-        default: break;
+      for (int64_t r = 0; r < M; ++r) {
+        for (int64_t c = 0; c < CHUNKS; ++c)
+          query[c] = _mm512_mul_ps(load16(qbase + r * o.qs[2] + 16 * c, lanes[c]), _mm512_set1_ps(sc));
+        block_scores<CHUNKS>(query, kf.data(), sbase + r * ld);
       }
     }
   });
