@@ -54,7 +54,10 @@ def _load():
                 _module = load(name=name, sources=[str(Path(__file__).with_name(f"{n}.cpp"))
                                                    for n in ("kernels", "row_attention", "row_linear", "int4_linear",
                                                              "int8_linear", "layer_ops", "layer_stack")],
-                               extra_cflags=["-O3", "-march=native"], build_directory=str(build), verbose=False)
+                               # -fopenmp: at::parallel_for is OpenMP in the headers; without it every kernel
+                               # ran on one thread (torch's bundled libgomp is the runtime either way)
+                               extra_cflags=["-O3", "-march=native", "-fopenmp"], extra_ldflags=["-fopenmp"],
+                               build_directory=str(build), verbose=False)
         except Exception as err:  # no compiler, no ninja: fall back, once, loudly
             _failed = str(err).strip().splitlines()[-1] if str(err).strip() else type(err).__name__
             warnings.warn(f"eaglespec could not build its CPU kernels ({_failed}); using torch's attention and "
