@@ -26,6 +26,12 @@ class Group(click.Group):
             sys.exit(130)
 
 
+weights_option = click.option(
+    "--weights", type=click.Choice(["dense", "int8", "int4"]), default="dense", show_default=True,
+    help="Target weight format: dense (--dtype), or int8 / int4 weight-only quantized matrices, kept quantized "
+         "in memory (our kernels on CPUs with AVX-512, else torch's; int4 keeps a Q4_1 GGUF's own 4-bit weights).")
+
+
 @click.group(cls=Group)
 @click.version_option(package_name="eaglespec")
 def main() -> None:
@@ -75,9 +81,7 @@ def fetch(name: str) -> None:
 @click.option("--stop", multiple=True, help="Stop string (repeatable); the text ends before it.")
 @click.option("--ignore-eos", is_flag=True, help="Keep generating past EOS (for benchmarks).")
 @click.option("--dtype", type=click.Choice(["bfloat16", "float32"]), default="bfloat16", show_default=True)
-@click.option("--weights", type=click.Choice(["dense", "int8", "int4"]), default="dense", show_default=True,
-              help="Target weight format: dense (--dtype), or int8 / int4 weight-only quantized matrices run by "
-                   "torch's CPU kernels (int4 keeps a Q4_1 GGUF's own 4-bit weights).")
+@weights_option
 @click.option("--method", default="vanilla", show_default=True,
               help="vanilla | eagle[:TREE] | sps[:K] (with --draft-model) | pld[:K]; --tree sets eagle's tree.")
 @click.option("--head", "head_spec", default="default", show_default=True,
@@ -393,9 +397,7 @@ def eval_head(model_spec, head_spec, limit, data, depth, dtype, threads, as_json
 @click.option("--draft-model", default=None,
               help="Draft model for sps, hf-assisted and llama.cpp-draft (default: the bundled smaller model of the family).")
 @click.option("--dtype", type=click.Choice(["bfloat16", "float32"]), default="bfloat16", show_default=True)
-@click.option("--weights", type=click.Choice(["dense", "int8", "int4"]), default="dense", show_default=True,
-              help="Target weight format: dense (--dtype), or int8 / int4 weight-only quantized matrices run by "
-                   "torch's CPU kernels (int4 keeps a Q4_1 GGUF's own 4-bit weights).")
+@weights_option
 @click.option("--device", default="cpu", show_default=True)
 @click.option("--threads", default=None, type=int, help="torch CPU threads (default: torch's choice).")
 @click.option("--seed", default=0, show_default=True, help="Seed of the first item (sampling).")

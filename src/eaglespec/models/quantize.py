@@ -1,5 +1,6 @@
 """Weight-only quantized linears: the target's matrices kept as 8- or 4-bit integers and multiplied
-by torch's CPU kernels without expanding them, so a forward reads 2-4x fewer bytes than bf16.
+without expanding them (our kernels, or torch's on CPUs without AVX-512), so a forward reads 2-4x
+fewer bytes than bf16.
 
 - `int4`: groups of 32 input weights share a scale and a low end, w = q * scale + low with q in
   0..15. This is the bundled GGUFs' Q4_1 form (w = d * q + m): where a group's dequantized values
@@ -122,7 +123,7 @@ def quantize(model: nn.Module, weights: str, dtype: torch.dtype) -> dict:
         return {"weights": "dense"}
     device = next(model.parameters()).device
     if device.type != "cpu":
-        raise InvalidArgumentError(f"--weights {weights} runs on CPUs (torch's CPU kernels); on {device.type} use dense")
+        raise InvalidArgumentError(f"--weights {weights} runs on CPUs (CPU kernels); on {device.type} use dense")
     done, exact = {"int4": 0, "int8": 0}, []  # exact: (groups recovered exactly, groups) per int4 matrix
     for name, module in list(model.named_modules()):
         for child_name, child in list(module.named_children()):
