@@ -12,6 +12,7 @@
 #include <torch/extension.h>
 #include <ATen/Parallel.h>
 
+#include <algorithm>
 #include <cmath>
 #include <limits>
 #include <type_traits>
@@ -231,28 +232,33 @@ void attend512(const torch::Tensor& q, const torch::Tensor& k, const torch::Tens
     }
   });
 
-  // 2. softmax weights and the weighted sum of values, per (b, h, group of 4 rows)
+  // 2. softmax weights and the weighted sum of values, per (b, h, group of 4 rows, half of the output
+  //    lanes): each half computes its rows' weights itself (the same numbers), so that a decoding step's
+  //    few (b, h) keep both threads busy
+  constexpr int64_t PARTS = CHUNKS >= 2 ? 2 : 1, PART = CHUNKS / PARTS;
   const int64_t groups = (M + 3) / 4;
-  at::parallel_for(0, B * H * groups, 1, [&](int64_t begin, int64_t end) {
-    std::vector<float> sums(4 * 16 * CHUNKS), packed(S + 16);
+  at::parallel_for(0, B * H * groups * PARTS, 1, [&](int64_t begin, int64_t end) {
+    std::vector<float> sums(4 * 16 * PART), packed(S + 16), weights(4 * ld);
     for (int64_t item = begin; item < end; ++item) {
-      const int64_t bh = item / groups, r0 = (item % groups) * 4, b = bh / H, h = bh % H;
+      const int64_t part = item % PARTS, group = item / PARTS;
+      const int64_t bh = group / groups, r0 = (group % groups) * 4, b = bh / H, h = bh % H;
       const int64_t R = M - r0 < 4 ? M - r0 : 4;
       float* e[4];
       float totals[4];
       for (int64_t r = 0; r < R; ++r) {
-        e[r] = scores.data() + (bh * M + r0 + r) * ld;
+        const float* row_scores = scores.data() + (bh * M + r0 + r) * ld;
+        e[r] = weights.data() + r * ld;
         const bool* visible = o.mask ? o.mask + b * o.mask_batch + (r0 + r) * S : nullptr;
         __m512 top = _mm512_set1_ps(-std::numeric_limits<float>::infinity());
         for (int64_t j = 0; j < S; j += 16) {
           const __mmask16 m = seen(visible, j, S);
-          top = _mm512_mask_max_ps(top, m, top, _mm512_maskz_loadu_ps(m, e[r] + j));
+          top = _mm512_mask_max_ps(top, m, top, _mm512_maskz_loadu_ps(m, row_scores + j));
         }
         const __m512 peak = _mm512_set1_ps(_mm512_reduce_max_ps(top));
         int64_t count = 0;  // the row's visible weights, packed in key order: lane = index % 16
         for (int64_t j = 0; j < S; j += 16) {
           const __mmask16 m = seen(visible, j, S);
-          const __m512 w = _mm512_maskz_mov_ps(m, exp16(_mm512_sub_ps(_mm512_loadu_ps(e[r] + j), peak)));
+          const __m512 w = _mm512_maskz_mov_ps(m, exp16(_mm512_sub_ps(_mm512_loadu_ps(row_scores + j), peak)));
           _mm512_storeu_ps(e[r] + j, w);  // zeros past S and where the row does not see the key
           _mm512_mask_compressstoreu_ps(packed.data() + count, m, w);
           count += _mm_popcnt_u32(m);
@@ -261,18 +267,20 @@ void attend512(const torch::Tensor& q, const torch::Tensor& k, const torch::Tens
         for (int64_t i = 0; i < count; i += 16) total = _mm512_add_ps(total, _mm512_maskz_loadu_ps(first(count - i), packed.data() + i));
         totals[r] = _mm512_reduce_add_ps(total);
       }
-      float* acc[4] = {sums.data(), sums.data() + 16 * CHUNKS, sums.data() + 32 * CHUNKS, sums.data() + 48 * CHUNKS};
-      const T* vbase = o.v + b * o.vs[0] + h * o.vs[1];
+      float* acc[4] = {sums.data(), sums.data() + 16 * PART, sums.data() + 32 * PART, sums.data() + 48 * PART};
+      const int64_t d0 = part * PART * 16, d1 = std::min(D, d0 + PART * 16);  // this half's output lanes
+      const T* vbase = o.v + b * o.vs[0] + h * o.vs[1] + d0;
+      const __mmask16* part_lanes = lanes + part * PART;
       switch (R) {
-        case 4: weighted_values<T, CHUNKS, 4>(e, vbase, o.vs[2], S, lanes, acc); break;
-        case 3: weighted_values<T, CHUNKS, 3>(e, vbase, o.vs[2], S, lanes, acc); break;
-        case 2: weighted_values<T, CHUNKS, 2>(e, vbase, o.vs[2], S, lanes, acc); break;
-        default: weighted_values<T, CHUNKS, 1>(e, vbase, o.vs[2], S, lanes, acc); break;
+        case 4: weighted_values<T, PART, 4>(e, vbase, o.vs[2], S, part_lanes, acc); break;
+        case 3: weighted_values<T, PART, 3>(e, vbase, o.vs[2], S, part_lanes, acc); break;
+        case 2: weighted_values<T, PART, 2>(e, vbase, o.vs[2], S, part_lanes, acc); break;
+        default: weighted_values<T, PART, 1>(e, vbase, o.vs[2], S, part_lanes, acc); break;
       }
       for (int64_t r = 0; r < R; ++r) {
         T* orow = o.out + b * o.os[0] + h * o.os[1] + (r0 + r) * o.os[2];  // a row that sees no key gets zeros
         const float inv = totals[r] > 0 ? 1.0f / totals[r] : 0.0f;
-        for (int64_t d = 0; d < D; ++d) orow[d] = static_cast<T>(acc[r][d] * inv);
+        for (int64_t d = d0; d < d1; ++d) orow[d] = static_cast<T>(acc[r][d - d0] * inv);
       }
     }
   });
