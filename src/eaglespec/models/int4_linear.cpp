@@ -23,6 +23,8 @@
 #include <cstdint>
 #include <vector>
 
+#include "row_groups.h"
+
 namespace {
 
 constexpr int64_t GROUP = 32;
@@ -57,7 +59,6 @@ torch::Tensor pack_int4(torch::Tensor codes, torch::Tensor scale, torch::Tensor 
 
 namespace {
 
-constexpr int64_t ROWS = 4;
 constexpr int64_t PREFETCH = 2 * BLOCK;  // bytes ahead of the code stream
 
 // R rows against V vectors of 16 outputs (V = 4: the whole tile; V = 2: half `half`) of one tile.
@@ -157,18 +158,9 @@ torch::Tensor row_linear_int4(torch::Tensor x, torch::Tensor packed, int64_t N) 
     for (int64_t t = begin; t < end; ++t) {
       const uint8_t* tile = wp + t * G * BLOCK;
       const int64_t n0 = t * TILE_OUT;
-      for (int64_t m = 0; m < M;) {
-        // rows in groups of four; the last five as three and two; the last one to three together
-        const int64_t left = M - m, rows = left == 5 ? 3 : left < ROWS ? left : ROWS;
-        const at::BFloat16* xm = xp + m * K;
-        const float* sm = xs.data() + m * G;
-        at::BFloat16* ym = yp + m * N;
-        if (rows == 4) rows_against_tile<4>(xm, K, tile, sm, G, n0, N, ym);
-        else if (rows == 3) rows_against_tile<3>(xm, K, tile, sm, G, n0, N, ym);
-        else if (rows == 2) rows_against_tile<2>(xm, K, tile, sm, G, n0, N, ym);
-        else rows_against_tile<1>(xm, K, tile, sm, G, n0, N, ym);
-        m += rows;
-      }
+      for_row_groups(M, [&](int64_t m, auto group) {
+        rows_against_tile<decltype(group)::value>(xp + m * K, K, tile, xs.data() + m * G, G, n0, N, yp + m * N);
+      });
     }
   });
   return y;

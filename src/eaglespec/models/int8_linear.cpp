@@ -14,6 +14,8 @@
 
 #include <cstdint>
 
+#include "row_groups.h"
+
 namespace {
 
 constexpr int64_t TILE_OUT = 64;
@@ -34,7 +36,6 @@ torch::Tensor pack_int8(torch::Tensor codes) {
 
 namespace {
 
-constexpr int64_t ROWS = 4;
 constexpr int64_t PREFETCH = 1024;  // bytes ahead of the code stream
 
 // R rows (x: fp32 copies of the bf16 inputs, exact) against the 64 outputs of one tile. (Not inlined:
@@ -92,17 +93,7 @@ torch::Tensor row_linear_int8(torch::Tensor x, torch::Tensor packed, torch::Tens
     for (int64_t t = begin; t < end; ++t) {
       const int8_t* tile = wp + t * K * TILE_OUT;
       const int64_t n0 = t * TILE_OUT;
-      for (int64_t m = 0; m < M;) {
-        // rows in groups of four; the last five as three and two; the last one to three together
-        const int64_t left = M - m, rows = left == 5 ? 3 : left < ROWS ? left : ROWS;
-        const float* xm = xp + m * K;
-        at::BFloat16* ym = yp + m * N;
-        if (rows == 4) tile_rows<4>(xm, K, tile, sp, n0, N, ym, N);
-        else if (rows == 3) tile_rows<3>(xm, K, tile, sp, n0, N, ym, N);
-        else if (rows == 2) tile_rows<2>(xm, K, tile, sp, n0, N, ym, N);
-        else tile_rows<1>(xm, K, tile, sp, n0, N, ym, N);
-        m += rows;
-      }
+      for_row_groups(M, [&](int64_t m, auto group) { tile_rows<decltype(group)::value>(xp + m * K, K, tile, sp, n0, N, yp + m * N, N); });
     }
   });
   return y;

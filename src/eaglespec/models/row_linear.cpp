@@ -23,6 +23,8 @@
 
 #include <cstdint>
 
+#include "row_groups.h"
+
 #ifdef __AVX2__
 #include <immintrin.h>
 
@@ -149,7 +151,6 @@ namespace {
 
 constexpr int64_t COLS = 16;  // outputs per vector (one fp32 lane each)
 constexpr int64_t TILE = 4;   // vectors per tile: a thread computes whole tiles of 64 outputs
-constexpr int64_t ROWS = 4;   // input rows run together against a tile
 constexpr int64_t PREFETCH = 4096;  // bytes ahead of the weight stream (1 KiB to 16 KiB measured alike)
 
 // R rows against NT tiles of TILE * COLS outputs each: acc[r][t * TILE + v] lane c accumulates
@@ -229,22 +230,15 @@ torch::Tensor row_linear_bf16(torch::Tensor x, torch::Tensor packed, int64_t N, 
       const int64_t count = t + half < end ? 2 : 1;
       const at::BFloat16* tile[2] = {wp + t * TILE * COLS * K, wp + (t + half) * TILE * COLS * K};
       const int64_t n0[2] = {t * TILE * COLS, (t + half) * TILE * COLS};
-      for (int64_t m = 0; m < M;) {
-        // rows in groups of four; the last five as three and two; the last one to three together
-        const int64_t left = M - m, rows = left == 5 ? 3 : left < ROWS ? left : ROWS;
+      for_row_groups(M, [&](int64_t m, auto group) {
+        constexpr int R = decltype(group)::value;
         const at::BFloat16* xm = xp + m * K;
         at::BFloat16* ym = yp + m * N;
-        if (rows == 1 && count == 2) tile_rows<1, 2>(xm, K, tile, n0, bp, N, ym, N);
-        else if (rows == 2 && count == 2) tile_rows<2, 2>(xm, K, tile, n0, bp, N, ym, N);
-        else
-          for (int64_t i = 0; i < count; ++i) {
-            if (rows == 4) tile_rows<4, 1>(xm, K, tile + i, n0 + i, bp, N, ym, N);
-            else if (rows == 3) tile_rows<3, 1>(xm, K, tile + i, n0 + i, bp, N, ym, N);
-            else if (rows == 2) tile_rows<2, 1>(xm, K, tile + i, n0 + i, bp, N, ym, N);
-            else tile_rows<1, 1>(xm, K, tile + i, n0 + i, bp, N, ym, N);
-          }
-        m += rows;
-      }
+        if constexpr (R <= 2) {
+          if (count == 2) return tile_rows<R, 2>(xm, K, tile, n0, bp, N, ym, N);
+        }
+        for (int64_t i = 0; i < count; ++i) tile_rows<R, 1>(xm, K, tile + i, n0 + i, bp, N, ym, N);
+      });
     }
   });
   return y;
