@@ -85,7 +85,7 @@ def held_out(model: str, head: str, path: Path, data: Path | None = None) -> dic
     the held-out human answers, or on `data`'s."""
     if not path.is_file():
         command = [E, "eval-head", "--model", model, "--head", head, "--limit", str(HELDOUT), "--threads", "2",
-                   "--dtype", "float32", "--json", *(["--data", str(data)] if data else [])]
+                   "--dtype", "float32", "--json", "--data", str(data or "sharegpt")]  # (a head's default: its own data)
         print("+ " + " ".join(command), flush=True)
         out = subprocess.run(command, check=True, cwd=ROOT, capture_output=True, text=True)
         write_json(json.loads(out.stdout.strip().splitlines()[-1]), path)
