@@ -107,9 +107,10 @@ def mt_bench(model: str, head: str, work: Path) -> dict:
     bench = work / "bench-eagle1.json"
     if not bench.is_file():
         run([E, "bench", "--model", model, "--head", head, *BENCH, "--out", str(bench)])
-    methods = json.loads(bench.read_text())["methods"]
-    auto = methods["eagle"]
-    return {"mt_bench_tau_eagle1": methods["eagle:eagle1"]["tau"], "mt_bench_tau": auto["tau"],
+    result = json.loads(bench.read_text())
+    methods, auto = result["methods"], result["methods"]["eagle"]
+    # the `auto` tree's tau and every speed move with the machine, which differs between sessions
+    return {"machine": result["machine"]["cpu"], "mt_bench_tau_eagle1": methods["eagle:eagle1"]["tau"], "mt_bench_tau": auto["tau"],
             "mt_bench_auto_tree": auto["tree"], "mt_bench_speedup": auto["speedup"],
             "mt_bench_tokens_per_s": auto["tokens_per_s"],
             "vanilla_tokens_per_s": methods["vanilla"]["tokens_per_s"]}
