@@ -1,6 +1,11 @@
 """Our CPU kernels (the linear over fp32, bf16, 8- or 4-bit weights, a layer's fused small operations): the right numbers, and a row's
 numbers whatever else the call carries."""
 
+import os
+import subprocess
+import sys
+from pathlib import Path
+
 import pytest
 import torch
 
@@ -45,20 +50,45 @@ def test_row_linear_computes_x_wt_plus_b(w_dtype, x_dtype, bias):
 def test_a_row_gets_the_same_bits_in_any_call(w_dtype, x_dtype):
     g = torch.Generator().manual_seed(1)
     # K = 1536: where oneDNN's bf16 rows change with the row count on some CPUs (AMD Zen 5); N = 300:
-    # bf16 tiles of 64 outputs, a thread's tiles run in pairs and one alone
+    # bf16 tiles of 64 outputs, a thread's tiles run in pairs and one alone; 37 rows: the AMX path's
+    # passes of 16 rows, two full and one partial
     w, b = torch.randn(300, 1536, generator=g).to(w_dtype), torch.randn(300, generator=g).to(w_dtype)
-    x = torch.randn(11, 1536, generator=g).to(x_dtype)
+    x = torch.randn(37, 1536, generator=g).to(x_dtype)
     f = linear(w_dtype)
     whole = f(x, w, b)
-    for m in range(1, 12):
+    for m in [*range(1, 12), 15, 16, 17, 31, 33]:
         assert torch.equal(f(x[:m], w, b), whole[:m])
         assert torch.equal(f(x[m - 1:m], w, b), whole[m - 1:m])
+    assert torch.equal(f(x[5:30], w, b), whole[5:30])
     threads = torch.get_num_threads()
     try:
         torch.set_num_threads(1)
         assert torch.equal(f(x, w, b), whole)
     finally:
         torch.set_num_threads(threads)
+
+
+@pytest.mark.skipif(kernels.bf16_linear_unit() != "amx", reason="this CPU has no AMX")
+def test_the_bf16_kernels_vector_path_runs_where_amx_is_switched_off():
+    """With AMX on, the tests above run the tile unit; the vector path (other CPUs, K not a multiple
+    of 32, EAGLESPEC_AMX=0) gets the same checks in a process of its own."""
+    script = ("import torch, test_kernels as t; from eaglespec.models import kernels; "
+              "assert kernels.bf16_linear_unit() == 'avx512-bf16'; "
+              "[f(torch.bfloat16, torch.bfloat16, *a) for f, a in ((t.test_row_linear_computes_x_wt_plus_b, (True,)), "
+              "(t.test_a_row_gets_the_same_bits_in_any_call, ()))]")
+    subprocess.run([sys.executable, "-c", script], check=True, cwd=Path(__file__).parent,
+                   env={**os.environ, "EAGLESPEC_AMX": "0"})
+
+
+@pytest.mark.skipif(not BF16_KERNEL, reason="this CPU has no AVX-512 BF16")
+def test_bf16_linears_whose_inputs_are_not_a_multiple_of_32_compute_x_wt():
+    """K = 66: the vector path even where AMX is on (the tile unit takes blocks of 32 inputs)."""
+    g = torch.Generator().manual_seed(5)
+    w, x = torch.randn(70, 66, generator=g).bfloat16(), torch.randn(20, 66, generator=g).bfloat16()
+    ref = x.double() @ w.double().t()
+    y = linear(torch.bfloat16)(x, w, None)
+    assert ((y.double() - ref).abs() <= ref.abs() * 2**-8 + 1e-4).all()
+    assert torch.equal(linear(torch.bfloat16)(x[3:4], w, None), y[3:4])
 
 
 def quantized_case(kind: str, N: int, K: int, g: torch.Generator):

@@ -10,6 +10,8 @@ from pathlib import Path
 
 import torch
 
+from eaglespec.models.kernels import bf16_linear_unit
+
 
 class Clock:
     def __init__(self, device: torch.device | str):
@@ -39,6 +41,7 @@ def machine(device: torch.device | str = "cpu") -> dict:
              # name differ, and bf16 arithmetic is native only on some
              "cpu_capability": torch.backends.cpu.get_cpu_capability(),
              "bf16_native": bool(torch.ops.mkldnn._is_mkldnn_bf16_supported()),
+             "bf16_linears": bf16_linear_unit(),  # what verifying a tree costs depends on it most
              "torch": torch.__version__, "transformers": transformers.__version__,
              "python": platform.python_version()}
     if torch.device(device).type == "cuda":

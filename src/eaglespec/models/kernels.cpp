@@ -9,6 +9,7 @@ bool row_linear_available();
 torch::Tensor pack_bf16(torch::Tensor w);
 torch::Tensor row_linear_bf16(torch::Tensor x, torch::Tensor packed, int64_t N, c10::optional<torch::Tensor> bias);
 bool row_linear_bf16_available();
+bool row_linear_bf16_amx();
 torch::Tensor pack_int4(torch::Tensor codes, torch::Tensor scale, torch::Tensor low);
 torch::Tensor row_linear_int4(torch::Tensor x, torch::Tensor packed, int64_t N);
 bool row_linear_int4_available();
@@ -31,6 +32,8 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, module) {
   module.def("row_linear_bf16", &row_linear_bf16, "Row-invariant linear layer over packed bf16 weights and bf16 inputs (CPU)");
   module.def("row_linear_bf16_available", &row_linear_bf16_available,
              "Whether row_linear_bf16 was built (it needs AVX-512 BF16)");
+  module.def("row_linear_bf16_amx", &row_linear_bf16_amx,
+             "Whether row_linear_bf16 runs on the AMX tile unit (for K a multiple of 32)");
   module.def("pack_int4", &pack_int4, "4-bit weights (codes, scale, low) in row_linear_int4's layout");
   module.def("row_linear_int4", &row_linear_int4, "Row-invariant linear layer over packed 4-bit weights and bf16 inputs (CPU)");
   module.def("row_linear_int4_available", &row_linear_int4_available,

@@ -6,9 +6,9 @@ An interrupted build leaves nothing that blocks the next one (see `_load`).
 `row_attention` (row_attention.cpp): attention for decoding and verification whose result for a
 query row depends only on that row and the keys it sees, in slot order.
 `row_linear` and `row_linear_bf16` (row_linear.cpp): linear layers over fp32 weights (AVX2) or bf16
-weights (AVX-512 BF16, in their own tiled layout from `pack_bf16`) whose result for a row depends
-only on that row (one fixed-order dot product per output), reading the weights once for all the
-rows of a call.
+weights (AVX-512 BF16, in their own tiled layout from `pack_bf16`; on the AMX tile unit where the CPU
+has one, unless EAGLESPEC_AMX=0) whose result for a row depends only on that row (one fixed-order
+dot product per output), reading the weights once for all the rows of a call.
 `rms_norm`, `silu_mul`, `rope_store` (layer_ops.cpp): a decoder layer's small operations, one call
 each instead of about 60 operator calls per layer, row by row.
 `LayerStack` (layer_stack.cpp): the target's decoder layers for inference, one call for all of
@@ -104,6 +104,15 @@ def pack_bf16(weight: Tensor) -> Tensor | None:
 def row_linear_bf16(x: Tensor, tiles: Tensor, out_features: int, bias: Tensor | None) -> Tensor:
     """x [M, K] bf16 @ W^T (+ bias) with W packed by `pack_bf16`, row-invariant for any M."""
     return _load().row_linear_bf16(x, tiles, out_features, bias)
+
+
+def bf16_linear_unit() -> str:
+    """What runs bf16 linears here: "amx" (our kernel on the tile unit, for K a multiple of 32),
+    "avx512-bf16" (our kernel on vector units) or "onednn" (torch's, where ours is not built)."""
+    module = _load()
+    if module is None or not module.row_linear_bf16_available():
+        return "onednn"
+    return "amx" if module.row_linear_bf16_amx() else "avx512-bf16"
 
 
 def pack_int4(codes: Tensor, scale: Tensor, low: Tensor) -> Tensor | None:

@@ -16,8 +16,14 @@
 //                              returns q as [B, heads, T, D]
 
 #include <torch/extension.h>
+#include <ATen/Parallel.h>
 
+#include <algorithm>
 #include <cmath>
+
+#if defined(__AVX512F__) && defined(__AVX512BW__) && defined(__AVX512VL__)
+#include <immintrin.h>
+#endif
 
 namespace {
 
@@ -43,6 +49,57 @@ void rms_norm_rows(const T* x, const T* w, T* out, int64_t rows, int64_t H, floa
   }
 }
 
+#if defined(__AVX512F__) && defined(__AVX512BW__) && defined(__AVX512VL__)
+// 16 values as fp32, and back rounded to T (bf16: to nearest even, as c10's conversion does for
+// numbers); `keep` masks a row's last partial vector.
+inline __m512 load16(const float* p, __mmask16 keep) { return _mm512_maskz_loadu_ps(keep, p); }
+inline __m512 load16(const at::BFloat16* p, __mmask16 keep) {
+  return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm256_maskz_loadu_epi16(keep, p)), 16));
+}
+inline __m512 round_bf16(__m512 v) {
+  const __m512i bits = _mm512_castps_si512(v);
+  const __m512i lsb = _mm512_and_si512(_mm512_srli_epi32(bits, 16), _mm512_set1_epi32(1));
+  const __m512i up = _mm512_add_epi32(bits, _mm512_add_epi32(lsb, _mm512_set1_epi32(0x7fff)));
+  return _mm512_castsi512_ps(_mm512_and_si512(up, _mm512_set1_epi32(static_cast<int>(0xffff0000u))));
+}
+inline __m512 in16(__m512 v, const float*) { return v; }
+inline __m512 in16(__m512 v, const at::BFloat16*) { return round_bf16(v); }
+inline void store16(float* p, __m512 v, __mmask16 keep) { _mm512_mask_storeu_ps(p, keep, v); }
+inline void store16(at::BFloat16* p, __m512 v, __mmask16 keep) {
+  _mm256_mask_storeu_epi16(p, keep, _mm512_cvtepi32_epi16(_mm512_srli_epi32(_mm512_castps_si512(round_bf16(v)), 16)));
+}
+
+// e^x in fp32 (Cephes' expf: x = k ln2 + r with |r| <= ln2 / 2, a polynomial in r, times 2^k;
+// within about 2 units in the last place), the same in every lane, so a value's result does not
+// depend on where it sits.
+inline __m512 exp16(__m512 x) {
+  x = _mm512_min_ps(_mm512_max_ps(x, _mm512_set1_ps(-103.9f)), _mm512_set1_ps(88.37626f));
+  const __m512 k = _mm512_roundscale_ps(_mm512_mul_ps(x, _mm512_set1_ps(1.44269504088896341f)),
+                                        _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+  __m512 r = _mm512_fnmadd_ps(k, _mm512_set1_ps(0.693359375f), x);
+  r = _mm512_fnmadd_ps(k, _mm512_set1_ps(-2.12194440e-4f), r);
+  __m512 p = _mm512_set1_ps(1.9875691500e-4f);
+  for (const float c : {1.3981999507e-3f, 8.3334519073e-3f, 4.1665795894e-2f, 1.6666665459e-1f, 5.0000001201e-1f})
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(c));
+  return _mm512_scalef_ps(_mm512_fmadd_ps(_mm512_mul_ps(p, r), r, _mm512_add_ps(r, _mm512_set1_ps(1.0f))), k);
+}
+
+template <typename T>
+void silu_mul_rows(const T* x, T* out, int64_t rows, int64_t I) {
+  at::parallel_for(0, rows, std::max<int64_t>(1, 16384 / I), [&](int64_t begin, int64_t end) {
+    for (int64_t r = begin; r < end; ++r) {
+      const T* gate = x + r * 2 * I;
+      const T* up = gate + I;
+      for (int64_t i = 0; i < I; i += 16) {
+        const __mmask16 keep = static_cast<__mmask16>(I - i >= 16 ? 0xffff : (1u << (I - i)) - 1);
+        const __m512 g = load16(gate + i, keep);
+        const __m512 silu = _mm512_div_ps(g, _mm512_add_ps(_mm512_set1_ps(1.0f), exp16(_mm512_sub_ps(_mm512_setzero_ps(), g))));
+        store16(out + r * I + i, _mm512_mul_ps(in16(silu, gate), load16(up + i, keep)), keep);
+      }
+    }
+  });
+}
+#else
 template <typename T>
 void silu_mul_rows(const T* x, T* out, int64_t rows, int64_t I) {
   for (int64_t r = 0; r < rows; ++r) {
@@ -54,6 +111,7 @@ void silu_mul_rows(const T* x, T* out, int64_t rows, int64_t I) {
     }
   }
 }
+#endif
 
 // dst[0..D) = src rotated by (cos, sin): x * cos + rotate_half(x) * sin.
 template <typename T>
