@@ -15,8 +15,9 @@ on the target's own answers where this stretch and the best earlier one have tha
 goal's text), else on human answers. Stretch 0 measures the head it starts from. The ledger
 `benchmarks/results/program/MODEL.json` keeps each stretch's slice, commands, seconds and figures;
 `program.png` plots them against CPU hours. Every step resumes where it stopped (extraction
-shards, training checkpoints); the cache holds the work of the current stretch only, so a stretch
-should fit in one session (commit the ledger and the head after each).
+shards, training checkpoints); a stretch should fit in one session (commit the ledger and the head
+after each). A `--data` stretch links the shards of the conversations the stretch before extracted
+from its cache where that is still there (`extract --reuse`), and counts only its new shards' time.
 """
 
 from __future__ import annotations
@@ -134,6 +135,20 @@ def remeasure(model: str, number: int, head: str) -> None:
     plot()
 
 
+def extraction_seconds(features: Path, earlier: Path) -> float:
+    """The recorded wall seconds of the shards in `features` not linked from `earlier` (the stretch
+    before: their cost was counted there)."""
+    from safetensors import safe_open
+
+    total = 0.0
+    for shard in features.glob("shard-*.safetensors"):
+        before = earlier / shard.name
+        if shard.stat().st_size and not (before.is_file() and os.path.samefile(shard, before)):
+            with safe_open(str(shard), "pt") as f:
+                total += float((f.metadata() or {}).get("seconds", 0))
+    return total
+
+
 def better(entry: dict, earlier: list[dict]) -> bool:
     """Whether a stretch's head beats every earlier one: expected chain length on the target's own
     answers where it and the best earlier head have it, else on human answers."""
@@ -161,8 +176,11 @@ def stretch(model: str, data: str | None) -> None:
         skip = sum(s["conversations"] for s in stretches if "data" not in s)
         features = work / "train"
         source = ["--data", data] if data else ["--skip", str(skip), "--limit", str(recipe["conversations"])]
+        # a --data source grows between stretches: the shards of its conversations extracted before stay
+        earlier = CACHE / model / f"stretch-{n - 1}" / "train"
+        reuse = ["--reuse", str(earlier)] if data and (earlier / "manifest.json").is_file() else []
         extract = [E, "extract", "--model", model, "--split", "train", *source, "--dtype", "float32",
-                   "--threads", "2", "--out", str(features)]
+                   "--threads", "2", "--out", str(features), *reuse]
         run(extract)
         heldout = CACHE / model / "heldout"
         run([E, "extract", "--model", model, "--split", "heldout", "--limit", str(HELDOUT), "--dtype", "float32",
@@ -177,8 +195,9 @@ def stretch(model: str, data: str | None) -> None:
         entry = {"stretch": n, **({"data": data} if data else {"skip": skip}),
                  "conversations": len(feature_set) if data else recipe["conversations"],
                  "tokens": feature_set.tokens(),
-                 # what the features cost (shard wall times) and what training cost (evaluations excluded)
-                 "extract_seconds": round(trained["feature_seconds"], 1),
+                 # what the features cost (wall times of the shards extracted in this stretch) and what
+                 # training cost (evaluations excluded)
+                 "extract_seconds": round(extraction_seconds(features, earlier), 1),
                  "train_seconds": trained["eval_seconds"][-1] if trained["eval_seconds"] else trained["train_seconds"],
                  "commands": [" ".join(extract[1:]), " ".join(train[1:])],
                  "train_evals": trained["evals"], **measure(model, str(work / "run" / "head"), work)}

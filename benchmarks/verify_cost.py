@@ -84,8 +84,13 @@ def main() -> None:
             curves[label] = {"new_tokens": sizes, "ms": ms, "relative_to_one": [m / ms[0] for m in ms]}
         if not args.no_llama_cpp:
             for label, weights in PEER.items():
-                ms = llama_cpp_curve(peer_gguf(name, weights, "bfloat16"), args.context, peer_sizes, args.repeats,
-                                     args.threads)
+                try:
+                    ms = llama_cpp_curve(peer_gguf(name, weights, "bfloat16"), args.context, peer_sizes,
+                                         args.repeats, args.threads)
+                except subprocess.CalledProcessError as err:  # a peer that crashes is reported, not fatal
+                    report.setdefault("peer_failures", {})[f"{name} {label}"] = str(err)
+                    print(f"{name} {label}: {err}")
+                    continue
                 curves[label] = {"new_tokens": peer_sizes, "ms": ms, "relative_to_one": [m / ms[0] for m in ms]}
         report["models"][name] = curves
         for label, c in curves.items():

@@ -10,7 +10,17 @@ cd "$(dirname "$0")/.."
 version=0.3.36
 cache="${EAGLESPEC_CACHE:-$HOME/.cache/eaglespec}/llama.cpp"
 bin="$cache/bin"
-if [ -x "$bin/llama-quantize" ] && [ "$(cat "$bin/VERSION" 2>/dev/null)" = "$version" ]; then
+# ggml's AMX matrix code in this version crashes (SIGSEGV in ggml_backend_amx_mul_mat) on the first
+# batch of more than one token of a Q8_0 or Q4_1 model (measured on a 2-core Intel Xeon with AMX,
+# 2026-12-02): on CPUs with AMX, build for the CPU's vector instruction sets without it.
+build="build-$version"
+cpu=(-DGGML_NATIVE=ON)
+if grep -qw amx_int8 /proc/cpuinfo; then
+    build="build-$version-noamx"
+    cpu=(-DGGML_NATIVE=OFF -DGGML_SSE42=ON -DGGML_AVX=ON -DGGML_AVX2=ON -DGGML_FMA=ON -DGGML_F16C=ON -DGGML_BMI2=ON
+         -DGGML_AVX_VNNI=ON -DGGML_AVX512=ON -DGGML_AVX512_VBMI=ON -DGGML_AVX512_VNNI=ON -DGGML_AVX512_BF16=ON)
+fi
+if [ -x "$bin/llama-quantize" ] && [ "$(cat "$bin/VERSION" 2>/dev/null)" = "$build" ]; then
     echo "$bin"
     exit 0
 fi
@@ -24,15 +34,15 @@ if [ ! -d "$cache/src-$version" ]; then
     mv "$cache/unpack/llama_cpp_python-$version/vendor/llama.cpp" "$cache/src-$version"
     rm -rf "$cache/unpack"
 fi
-cmake -S "$cache/src-$version" -B "$cache/build-$version" -G Ninja -DCMAKE_BUILD_TYPE=Release \
-    -DGGML_NATIVE=ON -DBUILD_SHARED_LIBS=OFF -DLLAMA_CURL=OFF -DLLAMA_OPENSSL=OFF \
+cmake -S "$cache/src-$version" -B "$cache/$build" -G Ninja -DCMAKE_BUILD_TYPE=Release \
+    "${cpu[@]}" -DBUILD_SHARED_LIBS=OFF -DLLAMA_CURL=OFF -DLLAMA_OPENSSL=OFF \
     -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF -DLLAMA_BUILD_TOOLS=ON -DLLAMA_BUILD_SERVER=ON >/dev/null
-cmake --build "$cache/build-$version" --target llama-server llama-bench llama-quantize -j "$(nproc)"
+cmake --build "$cache/$build" --target llama-server llama-bench llama-quantize -j "$(nproc)"
 # publish the programs only once both are built (a half-done build never looks ready)
 rm -rf "$bin.tmp"
 mkdir -p "$bin.tmp"
-for program in llama-server llama-bench llama-quantize; do cp "$cache/build-$version/bin/$program" "$bin.tmp/"; done
-echo "$version" > "$bin.tmp/VERSION"
+for program in llama-server llama-bench llama-quantize; do cp "$cache/$build/bin/$program" "$bin.tmp/"; done
+echo "$build" > "$bin.tmp/VERSION"
 rm -rf "$bin"
 mv "$bin.tmp" "$bin"
 echo "$bin"

@@ -81,6 +81,27 @@ def test_extraction_matches_the_target_and_resumes(extracted, tiny, dataset):
                                     shard_size=4, max_len=64), train_dir)
 
 
+def test_an_extraction_of_grown_data_reuses_the_shards_that_hold_the_same_conversations(tiny, dataset, tmp_path):
+    lines = dataset.read_text().splitlines()
+    small = tmp_path / "small.jsonl"
+    small.write_text("\n".join(lines[:30]) + "\n")  # the source before it grew: its last shard partial
+    common = dict(model=str(tiny.folder), heldout_fraction=0.2, shard_size=4)
+    extract(tiny, ExtractConfig(source=str(small), **common), tmp_path / "before")
+    fresh = extract(tiny, ExtractConfig(source=str(dataset), **common), tmp_path / "fresh")
+    summary = extract(tiny, ExtractConfig(source=str(dataset), **common), tmp_path / "after", reuse=tmp_path / "before")
+    before = sorted((tmp_path / "before").glob("shard-*"))
+    assert 0 < summary["reused_shards"] == len(before) - 1  # every full shard; the partial one is redone
+    assert {k: v for k, v in summary.items() if k != "reused_shards"} == fresh
+    assert (tmp_path / "after" / before[0].name).stat().st_ino == before[0].stat().st_ino  # linked
+    after, reference = FeatureSet(tmp_path / "after"), FeatureSet(tmp_path / "fresh")
+    assert len(after) == len(reference)
+    for i in range(len(after)):
+        assert all(torch.equal(after[i][k], reference[i][k]) for k in reference[i])
+    with pytest.raises(InvalidArgumentError, match="--reuse"):
+        extract(tiny, ExtractConfig(source=str(dataset), dtype="float32", **common), tmp_path / "other",
+                reuse=tmp_path / "before")
+
+
 def test_full_disk_stops_cleanly(tiny, dataset, tmp_path, monkeypatch):
     def full(*args, **kwargs):
         raise OSError(errno.ENOSPC, "No space left on device")

@@ -220,9 +220,12 @@ def show_data(model_spec: str, data: str, index: int) -> None:
 @click.option("--device", default="cpu", show_default=True,
               help="cpu or cuda (under torchrun, each process uses its LOCAL_RANK's GPU).")
 @click.option("--out", required=True, type=click.Path(), help="Feature folder (resumable).")
+@click.option("--reuse", default=None, type=click.Path(exists=True, file_okay=False),
+              help="An earlier feature folder of the same model, dtype and layers: its shards that hold exactly "
+              "the conversations of this extraction's are linked, not recomputed (e.g. after the data grew).")
 @click.option("--threads", default=None, type=int)
 def extract(model_spec, data, split, limit, skip, max_len, heldout_fraction, seed, shard_size, aux_layers, dtype,
-            device, out, threads) -> None:
+            device, out, reuse, threads) -> None:
     """Extract target features for training (resumable; runs unchanged under torchrun)."""
     import torch
 
@@ -238,7 +241,7 @@ def extract(model_spec, data, split, limit, skip, max_len, heldout_fraction, see
     config = ExtractConfig(model_spec, data, split, limit, max_len, heldout_fraction, seed, shard_size,
                            _aux_layers(aux_layers, target.model.config.num_layers), dtype, skip)
     rank, world = _world()
-    summary = run_extract(target, config, out, rank, world)
+    summary = run_extract(target, config, out, rank, world, reuse)
     click.echo(f"{out}: {summary}")
 
 

@@ -15,6 +15,7 @@ import errno
 import json
 import math
 import os
+import shutil
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -146,9 +147,38 @@ def _write_shard(path: Path, rows: list[dict[str, torch.Tensor]], seconds: float
         raise
 
 
-def extract(target: Target, config: ExtractConfig, out: Path, rank: int = 0, world: int = 1) -> dict:
-    """Extract the features of a split into `out`; returns a summary. Resumable and idempotent."""
+def _reuse_shard(earlier: Path, path: Path, rendered: list[tuple[list[int], list[int]]]) -> bool:
+    """Link (or copy) an earlier extraction's shard to `path` if it holds exactly these sequences
+    (token ids and loss masks, in order); whether it did. (Its recorded seconds stay the earlier
+    extraction's.)"""
+    if not earlier.is_file() or earlier.stat().st_size == 0:
+        return False
+    with safe_open(str(earlier), "pt") as shard:
+        tokens, masks, offsets = (shard.get_tensor(k).tolist() for k in ("tokens", "loss_mask", "offsets"))
+    if [(tokens[a:b], masks[a:b]) for a, b in zip(offsets[:-1], offsets[1:])] != rendered:
+        return False
+    tmp = path.with_name(f".{path.name}.tmp{os.getpid()}")
+    try:
+        os.link(earlier, tmp)
+    except OSError:  # another file system
+        shutil.copyfile(earlier, tmp)
+    os.replace(tmp, path)
+    return True
+
+
+def extract(target: Target, config: ExtractConfig, out: Path, rank: int = 0, world: int = 1,
+            reuse: Path | str | None = None) -> dict:
+    """Extract the features of a split into `out`; returns a summary. Resumable and idempotent.
+    `reuse`: an earlier extraction of the same target (model, dtype, layers) whose shards are taken
+    as they are wherever they hold exactly the sequences of this one's (e.g. the first shards of a
+    source that has grown since)."""
     out = Path(out)
+    if reuse is not None:
+        found = json.loads((Path(reuse) / "manifest.json").read_text()) if (Path(reuse) / "manifest.json").is_file() else {}
+        mine = asdict(config)
+        if any(found.get(k) != (list(mine[k]) if k == "aux_layers" else mine[k]) for k in ("model", "dtype", "aux_layers")):
+            raise InvalidArgumentError(f"--reuse {reuse}: not an extraction of {config.model} in {config.dtype} "
+                                       f"with the same layers; extract without --reuse")
     if config.aux_layers:
         check_aux_layers(config.aux_layers, target.model.config.num_layers)
     report = ReadReport()
@@ -167,15 +197,21 @@ def extract(target: Target, config: ExtractConfig, out: Path, rank: int = 0, wor
     remaining = sum(len(conversations[k * config.shard_size:(k + 1) * config.shard_size]) for k in todo)
     bar = tqdm(total=int(per_conversation * remaining), unit="tok", unit_scale=True,
                desc=f"extracting {config.split}", disable=rank != 0)
-    skipped = 0
+    skipped = reused = 0
     for k in todo:
         rows, shard_start = [], time.monotonic()
-        for conversation in conversations[k * config.shard_size:(k + 1) * config.shard_size]:
-            ids, mask = render(target.tokenizer, conversation, config.max_len)
+        rendered = [render(target.tokenizer, c, config.max_len)
+                    for c in conversations[k * config.shard_size:(k + 1) * config.shard_size]]
+        kept = [(ids, mask) for ids, mask in rendered if sum(mask[1:]) > 0 and len(ids) >= 2]
+        skipped += len(rendered) - len(kept)  # nothing to train on after truncation
+        bar.update(sum(len(ids) for ids, _ in rendered) - sum(len(ids) for ids, _ in kept))
+        name = f"shard-{k:05d}.safetensors"
+        if reuse is not None and kept and _reuse_shard(Path(reuse) / name, out / name, kept):
+            reused += 1
+            bar.update(sum(len(ids) for ids, _ in kept))
+            continue
+        for ids, mask in kept:
             bar.update(len(ids))
-            if sum(mask[1:]) == 0 or len(ids) < 2:  # nothing to train on after truncation
-                skipped += 1
-                continue
             rows.append({"tokens": torch.tensor(ids, dtype=torch.int32),
                          "loss_mask": torch.tensor(mask, dtype=torch.uint8),
                          **target_outputs(target, ids, config.aux_layers)})
@@ -184,7 +220,8 @@ def extract(target: Target, config: ExtractConfig, out: Path, rank: int = 0, wor
         else:
             (out / f"shard-{k:05d}.safetensors").touch()  # an empty shard: nothing to redo
     bar.close()
-    return {"conversations": len(conversations), "shards": shards, "skipped_empty": skipped}
+    return {"conversations": len(conversations), "shards": shards, "skipped_empty": skipped,
+            **({"reused_shards": reused} if reuse is not None else {})}
 
 
 class FeatureSet:
