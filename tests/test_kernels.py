@@ -69,13 +69,15 @@ def test_a_row_gets_the_same_bits_in_any_call(w_dtype, x_dtype):
 
 
 @pytest.mark.skipif(kernels.bf16_linear_unit() != "amx", reason="this CPU has no AMX")
-def test_the_bf16_kernels_vector_path_runs_where_amx_is_switched_off():
-    """With AMX on, the tests above run the tile unit; the vector path (other CPUs, K not a multiple
-    of 32, EAGLESPEC_AMX=0) gets the same checks in a process of its own."""
+def test_the_vector_paths_run_where_amx_is_switched_off():
+    """With AMX on, the tests above run the bf16 and int4 kernels on the tile unit; their vector
+    paths (other CPUs, bf16 K not a multiple of 32, EAGLESPEC_AMX=0) get the same checks in a
+    process of its own."""
     script = ("import torch, test_kernels as t; from eaglespec.models import kernels; "
               "assert kernels.bf16_linear_unit() == 'avx512-bf16'; "
-              "[f(torch.bfloat16, torch.bfloat16, *a) for f, a in ((t.test_row_linear_computes_x_wt_plus_b, (True,)), "
-              "(t.test_a_row_gets_the_same_bits_in_any_call, ()))]")
+              "t.test_row_linear_computes_x_wt_plus_b(torch.bfloat16, torch.bfloat16, True); "
+              "t.test_a_row_gets_the_same_bits_in_any_call(torch.bfloat16, torch.bfloat16); "
+              "t.test_quantized_kernels_multiply_by_their_weights_and_a_row_gets_the_same_bits_in_any_call('int4')")
     subprocess.run([sys.executable, "-c", script], check=True, cwd=Path(__file__).parent,
                    env={**os.environ, "EAGLESPEC_AMX": "0"})
 
@@ -112,13 +114,14 @@ def test_quantized_kernels_multiply_by_their_weights_and_a_row_gets_the_same_bit
     g = torch.Generator().manual_seed(3)
     N, K = 300, 1536  # several tiles of 64 outputs, a thread's tiles run one by one; 48 int4 groups
     f, w = quantized_case(kind, N, K, g)
-    x = torch.randn(11, K, generator=g).bfloat16()
+    x = torch.randn(37, K, generator=g).bfloat16()  # 37 rows: int4's AMX passes of 16, 16 and 5
     whole = f(x)
     reference = x.float() @ w.t()  # the fp32 product, then one bf16 rounding
     assert ((whole.float() - reference).abs() <= reference.abs() * 2 ** -8 + 1e-4).all()
-    for m in range(1, 12):
+    for m in [*range(1, 12), 16, 17, 33]:
         assert torch.equal(f(x[:m]), whole[:m])
         assert torch.equal(f(x[m - 1:m]), whole[m - 1:m])
+    assert torch.equal(f(x[5:30]), whole[5:30])
     threads = torch.get_num_threads()
     try:
         torch.set_num_threads(1)

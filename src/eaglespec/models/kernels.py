@@ -6,9 +6,10 @@ An interrupted build leaves nothing that blocks the next one (see `_load`).
 `row_attention` (row_attention.cpp): attention for decoding and verification whose result for a
 query row depends only on that row and the keys it sees, in slot order.
 `row_linear` and `row_linear_bf16` (row_linear.cpp): linear layers over fp32 weights (AVX2) or bf16
-weights (AVX-512 BF16, in their own tiled layout from `pack_bf16`; on the AMX tile unit where the CPU
-has one, unless EAGLESPEC_AMX=0) whose result for a row depends only on that row (one fixed-order
+weights (AVX-512 BF16, in their own tiled layout from `pack_bf16`) whose result for a row depends only on that row (one fixed-order
 dot product per output), reading the weights once for all the rows of a call.
+Where the CPU has the AMX tile unit (amx.h), the bf16 and int4 linears run on it (unless
+EAGLESPEC_AMX=0), as row-invariant, so a forward over up to 16 rows costs about what one row does.
 `rms_norm`, `silu_mul`, `rope_store` (layer_ops.cpp): a decoder layer's small operations, one call
 each instead of about 60 operator calls per layer, row by row.
 `LayerStack` (layer_stack.cpp): the target's decoder layers for inference, one call for all of
@@ -107,8 +108,9 @@ def row_linear_bf16(x: Tensor, tiles: Tensor, out_features: int, bias: Tensor | 
 
 
 def bf16_linear_unit() -> str:
-    """What runs bf16 linears here: "amx" (our kernel on the tile unit, for K a multiple of 32),
-    "avx512-bf16" (our kernel on vector units) or "onednn" (torch's, where ours is not built)."""
+    """What runs bf16 linears here: "amx" (our kernel on the tile unit, for K a multiple of 32; our
+    int4 kernel then runs on it too), "avx512-bf16" (our kernels on vector units) or "onednn"
+    (torch's, where ours is not built)."""
     module = _load()
     if module is None or not module.row_linear_bf16_available():
         return "onednn"

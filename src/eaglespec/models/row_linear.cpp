@@ -12,13 +12,10 @@
 // what one-token decoding gives it), nor on the number of threads (a thread computes whole outputs).
 // oneDNN's bf16 products are not like this on every CPU: on AMD Zen 5 their rows change with the row
 // count once K >= 1536 (measured), so bf16 verification needs this kernel there.
-// - on CPUs with AMX (Intel Xeon 4th generation on), bf16 weights run on the tile unit instead, for
-//   every call whose K is a multiple of 32: per output, one fp32 accumulator to which each block of
-//   32 inputs adds its 16 pair products (tdpbf16ps, blocks in order). The unit computes each output
-//   of a row from that row and the weights alone, so it is as row-invariant as the vector path,
-//   rounding differently; the choice between the two depends only on the CPU and K (and, once per
-//   process, EAGLESPEC_AMX=0), so every call of a layer uses the same one. It reads the same packed
-//   tiles, and up to 16 rows cost about what one does (the vector path's cost grows with every row).
+// On CPUs with AMX (amx.h) bf16 linears whose K is a multiple of 32 run on the tile unit instead, over
+// the same packed tiles: as row-invariant, rounding differently; which path runs depends only on the
+// CPU and K (and EAGLESPEC_AMX=0, once per process), so every call of a layer takes the same one. Up
+// to 16 rows cost about what one does there; the vector path pays for every row.
 //
 // A thread takes blocks of weights (fp32: 8 weight rows; bf16: a tile of 64 outputs) and runs every
 // input row against them while they sit in its cache: three (fp32) or four (bf16) rows at a time,
@@ -30,6 +27,7 @@
 
 #include <cstdint>
 
+#include "amx.h"
 #include "row_groups.h"
 
 #ifdef __AVX2__
@@ -200,80 +198,12 @@ inline void tile_rows(const at::BFloat16* x, int64_t K, const at::BFloat16* cons
 }
 
 #if defined(__AMX_TILE__) && defined(__AMX_BF16__)
-#include <sys/syscall.h>
-#include <unistd.h>
+constexpr int64_t AMX_PREFETCH = 4096;  // bytes ahead (one block of a tile; 8 KiB measured alike)
 
-#include <cstdlib>
-#include <cstring>
-
-constexpr int64_t AMX_ROWS = 16;  // rows per tile-unit pass
-constexpr int64_t AMX_PREFETCH = 4096;  // bytes ahead (one 32-input block of a tile; 8 KiB measured alike)
-
-// Whether bf16 linears run on the tile unit: the CPU has it, Linux lets the process use it, and
-// EAGLESPEC_AMX is not "0". Decided once per process.
-bool amx_on() {
-  static const bool on = [] {
-    const char* env = std::getenv("EAGLESPEC_AMX");
-    if (env && std::strcmp(env, "0") == 0) return false;
-    constexpr long ARCH_REQ_XCOMP_PERM = 0x1023, XFEATURE_XTILEDATA = 18;
-    return syscall(SYS_arch_prctl, ARCH_REQ_XCOMP_PERM, XFEATURE_XTILEDATA) == 0;
-  }();
-  return on;
-}
-
-struct alignas(64) TileConfig {
-  uint8_t palette = 1, start_row = 0, reserved[14] = {};
-  uint16_t colsb[16] = {};
-  uint8_t rows[16] = {};
-};
-
-// Tiles 0-3: the accumulators of a tile's 4 x 16 outputs for `rows` rows (fp32); 4: `rows` rows of
-// 32 inputs (bf16); 5-7: 16 input pairs of 16 outputs (bf16 pairs). A thread's own state.
-void configure_tiles(int64_t rows) {
-  TileConfig config;
-  for (int t = 0; t < 8; ++t) {
-    config.rows[t] = t < 5 ? rows : 16;
-    config.colsb[t] = 64;
-  }
-  _tile_loadconfig(&config);
-}
-
-// Up to 16 rows of x (stride K) against one packed tile of 64 outputs: out [rows][64] fp32. The
-// tile's 16 input pairs of a block sit 256 bytes apart, 16 outputs' pairs side by side: the unit's
-// layout for its second operand, read in place.
-inline void amx_tile(const at::BFloat16* x, int64_t K, const at::BFloat16* tile, float* out) {
-  _tile_zero(0);
-  _tile_zero(1);
-  _tile_zero(2);
-  _tile_zero(3);
-  constexpr int64_t ROW = TILE * COLS * 2;  // bf16 per input pair of a tile
-  for (int64_t b = 0; b < K / 32; ++b) {
-    const at::BFloat16* wk = tile + b * 16 * ROW;
-    for (int l = 0; l < 16 * ROW * 2; l += 64)
-      _mm_prefetch(reinterpret_cast<const char*>(wk) + AMX_PREFETCH + l, _MM_HINT_T0);
-    _tile_loadd(4, x + b * 32, K * 2);
-    _tile_loadd(5, wk, ROW * 2);
-    _tile_dpbf16ps(0, 4, 5);
-    _tile_loadd(6, wk + COLS * 2, ROW * 2);
-    _tile_dpbf16ps(1, 4, 6);
-    _tile_loadd(7, wk + 2 * COLS * 2, ROW * 2);
-    _tile_dpbf16ps(2, 4, 7);
-    _tile_loadd(5, wk + 3 * COLS * 2, ROW * 2);
-    _tile_dpbf16ps(3, 4, 5);
-  }
-  for (int v = 0; v < TILE; ++v) {
-    switch (v) {  // tile numbers are immediates
-      case 0: _tile_stored(0, out, TILE * COLS * 4); break;
-      case 1: _tile_stored(1, out + COLS, TILE * COLS * 4); break;
-      case 2: _tile_stored(2, out + 2 * COLS, TILE * COLS * 4); break;
-      default: _tile_stored(3, out + 3 * COLS, TILE * COLS * 4); break;
-    }
-  }
-}
-
+// x [M, K] against the packed tiles on the tile unit (see amx.h): per tile, passes of up to 16 rows.
 void amx_linear(const at::BFloat16* xp, int64_t M, int64_t K, const at::BFloat16* wp, int64_t tiles,
                 const float* bias, int64_t N, at::BFloat16* yp) {
-  constexpr int64_t WIDTH = TILE * COLS;
+  constexpr int64_t WIDTH = TILE * COLS, BLOCK = 16 * WIDTH * 2;  // bf16 of a tile's block of 32 inputs
   at::parallel_for(0, tiles, 1, [&](int64_t begin, int64_t end) {
     alignas(64) float out[AMX_ROWS * WIDTH];
     int64_t configured = 0;
@@ -281,8 +211,15 @@ void amx_linear(const at::BFloat16* xp, int64_t M, int64_t K, const at::BFloat16
       const int64_t n0 = t * WIDTH;
       for (int64_t m0 = 0; m0 < M; m0 += AMX_ROWS) {
         const int64_t rows = M - m0 < AMX_ROWS ? M - m0 : AMX_ROWS;
-        if (rows != configured) configure_tiles(configured = rows);
-        amx_tile(xp + m0 * K, K, wp + t * WIDTH * K, out);
+        if (rows != configured) amx_configure(configured = rows);
+        amx_zero();
+        for (int64_t b = 0; b < K / 32; ++b) {
+          const at::BFloat16* block = wp + t * WIDTH * K + b * BLOCK;
+          for (int l = 0; l < BLOCK * 2; l += 64)  // the weights stream from memory: ask for them ahead
+            _mm_prefetch(reinterpret_cast<const char*>(block) + AMX_PREFETCH + l, _MM_HINT_T0);
+          amx_block(xp + m0 * K + b * 32, K * 2, block);
+        }
+        amx_store(out);
         for (int64_t c0 = n0; c0 < n0 + WIDTH && c0 < N; c0 += COLS) {
           const int64_t width = N - c0 < COLS ? N - c0 : COLS;
           const __mmask16 keep = static_cast<__mmask16>((1u << width) - 1);
@@ -297,7 +234,6 @@ void amx_linear(const at::BFloat16* xp, int64_t M, int64_t K, const at::BFloat16
   });
 }
 #else
-bool amx_on() { return false; }
 void amx_linear(const at::BFloat16*, int64_t, int64_t, const at::BFloat16*, int64_t, const float*, int64_t,
                 at::BFloat16*) {}
 #endif
