@@ -41,9 +41,10 @@ def machine(device: torch.device | str = "cpu") -> dict:
              # name differ, and bf16 arithmetic is native only on some
              "cpu_capability": torch.backends.cpu.get_cpu_capability(),
              "bf16_native": bool(torch.ops.mkldnn._is_mkldnn_bf16_supported()),
-             "bf16_linears": bf16_linear_unit(),  # what verifying a tree costs depends on it most
              "torch": torch.__version__, "transformers": transformers.__version__,
              "python": platform.python_version()}
+    if torch.device(device).type == "cpu":
+        facts["bf16_linears"] = bf16_linear_unit()  # what verifying a tree costs there depends on it most
     if torch.device(device).type == "cuda":
         facts["gpu"] = torch.cuda.get_device_name(device)
     return facts

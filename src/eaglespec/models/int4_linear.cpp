@@ -197,8 +197,6 @@ void amx_int4(const at::BFloat16* xp, int64_t M, int64_t K, const uint8_t* wp, i
     if (configured) _tile_release();
   });
 }
-#else
-void amx_int4(const at::BFloat16*, int64_t, int64_t, const uint8_t*, int64_t, const float*, int64_t, at::BFloat16*) {}
 #endif
 
 }  // namespace
@@ -225,10 +223,12 @@ torch::Tensor row_linear_int4(torch::Tensor x, torch::Tensor packed, int64_t N) 
   const at::BFloat16* xp = xc.data_ptr<at::BFloat16>();
   const uint8_t* wp = packed.data_ptr<uint8_t>();
   at::BFloat16* yp = y.data_ptr<at::BFloat16>();
+#if defined(__AMX_TILE__) && defined(__AMX_BF16__)
   if (amx_on()) {
     amx_int4(xp, M, K, wp, packed.size(0), xs.data(), N, yp);
     return y;
   }
+#endif
   at::parallel_for(0, packed.size(0), 1, [&](int64_t begin, int64_t end) {
     for (int64_t t = begin; t < end; ++t) {
       const uint8_t* tile = wp + t * G * BLOCK;

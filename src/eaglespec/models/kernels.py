@@ -6,8 +6,9 @@ An interrupted build leaves nothing that blocks the next one (see `_load`).
 `row_attention` (row_attention.cpp): attention for decoding and verification whose result for a
 query row depends only on that row and the keys it sees, in slot order.
 `row_linear` and `row_linear_bf16` (row_linear.cpp): linear layers over fp32 weights (AVX2) or bf16
-weights (AVX-512 BF16, in their own tiled layout from `pack_bf16`) whose result for a row depends only on that row (one fixed-order
-dot product per output), reading the weights once for all the rows of a call.
+weights (AVX-512 BF16, in their own tiled layout from `pack_bf16`) whose result for a row depends
+only on that row (one fixed-order dot product per output), reading the weights once for all the
+rows of a call.
 Where the CPU has the AMX tile unit (amx.h), the bf16 and int4 linears run on it (unless
 EAGLESPEC_AMX=0), as row-invariant, so a forward over up to 16 rows costs about what one row does.
 `rms_norm`, `silu_mul`, `rope_store` (layer_ops.cpp): a decoder layer's small operations, one call

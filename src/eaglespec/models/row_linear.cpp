@@ -233,9 +233,6 @@ void amx_linear(const at::BFloat16* xp, int64_t M, int64_t K, const at::BFloat16
     if (configured) _tile_release();
   });
 }
-#else
-void amx_linear(const at::BFloat16*, int64_t, int64_t, const at::BFloat16*, int64_t, const float*, int64_t,
-                at::BFloat16*) {}
 #endif
 
 }  // namespace
@@ -269,10 +266,12 @@ torch::Tensor row_linear_bf16(torch::Tensor x, torch::Tensor packed, int64_t N, 
   const at::BFloat16* xp = xc.data_ptr<at::BFloat16>();
   const at::BFloat16* wp = packed.data_ptr<at::BFloat16>();
   at::BFloat16* yp = y.data_ptr<at::BFloat16>();
+#if defined(__AMX_TILE__) && defined(__AMX_BF16__)
   if (K % 32 == 0 && amx_on()) {
     amx_linear(xp, M, K, wp, packed.size(0), bp, N, yp);
     return y;
   }
+#endif
   at::parallel_for(0, packed.size(0), 1, [&](int64_t begin, int64_t end) {
     // tiles in pairs (t, t + half) of this thread's range; one or two rows run against both at once
     const int64_t half = (end - begin + 1) / 2;
