@@ -100,7 +100,7 @@ class Linear(nn.Linear):
 
 def pack_weight(weight: Tensor) -> tuple[str, Tensor] | None:
     """A bf16 CPU weight [N, K] packed for the fastest exact kernel here: ours ("tiles", on CPUs with
-    AVX-512 BF16) or oneDNN's ("onednn", on other CPUs with bf16 support); None where neither runs."""
+    AVX2) or oneDNN's ("onednn", where ours is not built and oneDNN runs bf16); None where neither runs."""
     if weight.device.type != "cpu" or weight.dtype != torch.bfloat16:
         return None
     if (tiles := kernels.pack_bf16(weight)) is not None:

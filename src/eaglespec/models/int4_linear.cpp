@@ -29,6 +29,7 @@
 #include <vector>
 
 #include "amx.h"
+#include "avx2.h"
 #include "row_groups.h"
 
 namespace {
@@ -59,6 +60,34 @@ torch::Tensor pack_int4(torch::Tensor codes, torch::Tensor scale, torch::Tensor 
   };
   return torch::cat(std::vector<torch::Tensor>{bytes, params(scale), params(low)}, 2).contiguous();
 }
+
+namespace {
+
+// row_linear_int4's operands: x [M, K] bf16 on the CPU, packed from pack_int4 for K and N outputs.
+inline void check_int4_operands(const torch::Tensor& x, const torch::Tensor& packed, int64_t N) {
+  TORCH_CHECK(x.dim() == 2 && x.scalar_type() == torch::kBFloat16 && x.device().is_cpu(),
+              "row_linear_int4 takes bf16 inputs [M, K] on the CPU");
+  TORCH_CHECK(x.size(1) % GROUP == 0 && packed.dim() == 3 && packed.scalar_type() == torch::kUInt8 &&
+                  packed.size(1) == x.size(1) / GROUP && packed.size(2) == BLOCK && packed.size(0) * TILE_OUT >= N &&
+                  packed.is_contiguous(),
+              "row_linear_int4: weights not from pack_int4 for this input size");
+}
+
+// Per row of x [M, K] (bf16, contiguous) and group of 32 inputs, the sum of its inputs in order (fp32).
+std::vector<float> group_sums(const torch::Tensor& x) {
+  const int64_t M = x.size(0), G = x.size(1) / GROUP;
+  auto values = x.view({M, G, GROUP}).to(torch::kFloat);
+  std::vector<float> sums(M * G);
+  const float* vp = values.data_ptr<float>();
+  for (int64_t i = 0; i < M * G; ++i) {
+    float s = 0.0f;
+    for (int64_t j = 0; j < GROUP; ++j) s += vp[i * GROUP + j];
+    sums[i] = s;
+  }
+  return sums;
+}
+
+}  // namespace
 
 #if defined(__AVX512BF16__) && defined(__AVX512F__) && defined(__AVX512BW__) && defined(__AVX512VL__)
 #include <immintrin.h>
@@ -203,22 +232,10 @@ void amx_int4(const at::BFloat16* xp, int64_t M, int64_t K, const uint8_t* wp, i
 
 // x [M, K] bfloat16; packed from pack_int4 (N outputs). Returns y [M, N] bfloat16.
 torch::Tensor row_linear_int4(torch::Tensor x, torch::Tensor packed, int64_t N) {
-  TORCH_CHECK(x.dim() == 2 && x.scalar_type() == torch::kBFloat16 && x.device().is_cpu(),
-              "row_linear_int4 takes bf16 inputs [M, K] on the CPU");
+  check_int4_operands(x, packed, N);
   const int64_t M = x.size(0), K = x.size(1), G = K / GROUP;
-  TORCH_CHECK(K % GROUP == 0 && packed.dim() == 3 && packed.scalar_type() == torch::kUInt8 && packed.size(1) == G &&
-                  packed.size(2) == BLOCK && packed.size(0) * TILE_OUT >= N && packed.is_contiguous(),
-              "row_linear_int4: weights not from pack_int4 for this input size");
   auto xc = x.contiguous();
-  // per row and group, the sum of its inputs in order (fp32)
-  auto sums = xc.view({M, G, GROUP}).to(torch::kFloat);
-  std::vector<float> xs(M * G);
-  const float* sp = sums.data_ptr<float>();
-  for (int64_t i = 0; i < M * G; ++i) {
-    float s = 0.0f;
-    for (int64_t j = 0; j < GROUP; ++j) s += sp[i * GROUP + j];
-    xs[i] = s;
-  }
+  const std::vector<float> xs = group_sums(xc);
   auto y = torch::empty({M, N}, x.options());
   const at::BFloat16* xp = xc.data_ptr<at::BFloat16>();
   const uint8_t* wp = packed.data_ptr<uint8_t>();
@@ -243,10 +260,100 @@ torch::Tensor row_linear_int4(torch::Tensor x, torch::Tensor packed, int64_t N) 
 
 bool row_linear_int4_available() { return true; }
 
-#else  // no AVX-512 BF16: int4 linears run torch's kernel (quantize.py asks first)
+#elif defined(__AVX2__)  // fp32 lanes (see avx2.h)
+
+namespace {
+
+// R rows (fp32) against V vectors of 8 outputs of a tile, from vector `first` on. Per output and
+// group, a = sum x[k] q[k] as one fp32 chain over the group's inputs in order, then out += scale a +
+// low s (s: the group's input sum). In the layout a pair's codes of outputs 16 u .. 16 u + 15 are the
+// low (u even) or high (u odd) nibbles of 32 bytes, inputs alternating: 16 bytes hold a vector's.
+template <int R, int V>
+__attribute__((noinline)) void int4_rows(const float* x, int64_t K, const uint8_t* tile, int first, const float* xs,
+                                         int64_t G, int64_t n0, int64_t N, at::BFloat16* y, int64_t ldy) {
+  alignas(32) float out[R][V][8] = {};
+  const __m256i nibble = _mm256_set1_epi16(0x000F), low16 = _mm256_set1_epi32(0x0000FFFF);
+  int64_t offset[V];  // of vector v's 16 bytes in a pair's 64
+  __m128i shift[V];   // 0 or 4: low or high nibbles
+  for (int v = 0; v < V; ++v) {
+    const int u = first + v, vector16 = u / 2;  // the layout's 16-output vector, its half u % 2
+    offset[v] = (vector16 / 2) * 32 + (u % 2) * 16;
+    shift[v] = _mm_cvtsi32_si128(vector16 % 2 ? 4 : 0);
+  }
+  for (int64_t g = 0; g < G; ++g) {
+    const uint8_t* block = tile + g * BLOCK;
+    for (int64_t l = CODE_BYTES; l < BLOCK; l += 64)  // the codes stream from memory: ask for them ahead
+      _mm_prefetch(reinterpret_cast<const char*>(block) + 2 * BLOCK + l, _MM_HINT_T0);
+    __m256 acc[R][V];
+    for (int r = 0; r < R; ++r)
+      for (int v = 0; v < V; ++v) acc[r][v] = _mm256_setzero_ps();
+    for (int64_t p = 0; p < GROUP / 2; ++p) {
+      const uint8_t* codes = block + p * 64;
+      _mm_prefetch(reinterpret_cast<const char*>(codes) + 2 * BLOCK, _MM_HINT_T0);
+      __m256 even[R], odd[R];
+      for (int r = 0; r < R; ++r) {
+        even[r] = _mm256_broadcast_ss(x + r * K + g * GROUP + 2 * p);
+        odd[r] = _mm256_broadcast_ss(x + r * K + g * GROUP + 2 * p + 1);
+      }
+      for (int v = 0; v < V; ++v) {
+        __m256i q = _mm256_cvtepu8_epi16(_mm_loadu_si128(reinterpret_cast<const __m128i*>(codes + offset[v])));
+        q = _mm256_and_si256(_mm256_srl_epi16(q, shift[v]), nibble);  // lane o: codes (o, 2p), (o, 2p + 1)
+        const __m256 we = _mm256_cvtepi32_ps(_mm256_and_si256(q, low16));
+        const __m256 wo = _mm256_cvtepi32_ps(_mm256_srli_epi32(q, 16));
+        for (int r = 0; r < R; ++r) {
+          acc[r][v] = _mm256_fmadd_ps(even[r], we, acc[r][v]);
+          acc[r][v] = _mm256_fmadd_ps(odd[r], wo, acc[r][v]);
+        }
+      }
+    }
+    const uint16_t* scales = reinterpret_cast<const uint16_t*>(block + CODE_BYTES);
+    const uint16_t* lows = scales + TILE_OUT;
+    for (int v = 0; v < V; ++v) {
+      const int u = first + v;
+      const __m256 scale = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(scales + u * 8)));
+      const __m256 low = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(lows + u * 8)));
+      for (int r = 0; r < R; ++r) {
+        const __m256 o = _mm256_fmadd_ps(scale, acc[r][v], _mm256_load_ps(out[r][v]));
+        _mm256_store_ps(out[r][v], _mm256_fmadd_ps(low, _mm256_set1_ps(xs[r * G + g]), o));
+      }
+    }
+  }
+  for (int v = 0; v < V; ++v) {
+    const int64_t c0 = n0 + (first + v) * 8;
+    if (c0 >= N) break;
+    for (int r = 0; r < R; ++r) store_bf16(y + r * ldy + c0, _mm256_load_ps(out[r][v]), N - c0 < 8 ? N - c0 : 8);
+  }
+}
+
+}  // namespace
 
 torch::Tensor row_linear_int4(torch::Tensor x, torch::Tensor packed, int64_t N) {
-  TORCH_CHECK(false, "row_linear_int4 was built without AVX-512 BF16");
+  check_int4_operands(x, packed, N);
+  const int64_t M = x.size(0), K = x.size(1), G = K / GROUP;
+  auto xc = x.contiguous();
+  const std::vector<float> xs = group_sums(xc);
+  auto xf = fp32_rows(xc);
+  auto y = torch::empty({M, N}, x.options());
+  const float* xp = xf.data_ptr<float>();
+  const uint8_t* wp = packed.data_ptr<uint8_t>();
+  at::BFloat16* yp = y.data_ptr<at::BFloat16>();
+  at::parallel_for(0, packed.size(0), 1, [&](int64_t begin, int64_t end) {
+    for (int64_t t = begin; t < end; ++t)
+      for_row_groups(M, [&](int64_t m, auto group) {
+        constexpr int R = decltype(group)::value, V = avx2_vectors<R>();
+        for (int first = 0; first < 8; first += V)
+          int4_rows<R, V>(xp + m * K, K, wp + t * G * BLOCK, first, xs.data() + m * G, G, t * TILE_OUT, N, yp + m * N, N);
+      });
+  });
+  return y;
+}
+
+bool row_linear_int4_available() { return true; }
+
+#else  // no AVX2: int4 linears run torch's kernel (quantize.py asks first)
+
+torch::Tensor row_linear_int4(torch::Tensor x, torch::Tensor packed, int64_t N) {
+  TORCH_CHECK(false, "row_linear_int4 was built without AVX2");
 }
 
 bool row_linear_int4_available() { return false; }

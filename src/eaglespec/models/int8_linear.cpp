@@ -14,6 +14,7 @@
 
 #include <cstdint>
 
+#include "avx2.h"
 #include "row_groups.h"
 
 namespace {
@@ -29,6 +30,19 @@ torch::Tensor pack_int8(torch::Tensor codes) {
   auto padded = torch::zeros({T * TILE_OUT, K}, codes.options());
   padded.narrow(0, 0, N).copy_(codes);
   return padded.view({T, TILE_OUT, K}).permute({0, 2, 1}).contiguous();
+}
+
+// row_linear_int8's operands: x [M, K] bf16 on the CPU, packed from pack_int8 for K and N outputs,
+// fp32 scales [N].
+inline void check_int8_operands(const torch::Tensor& x, const torch::Tensor& packed, const torch::Tensor& scale,
+                                int64_t N) {
+  TORCH_CHECK(x.dim() == 2 && x.scalar_type() == torch::kBFloat16 && x.device().is_cpu(),
+              "row_linear_int8 takes bf16 inputs [M, K] on the CPU");
+  TORCH_CHECK(packed.dim() == 3 && packed.scalar_type() == torch::kChar && packed.size(1) == x.size(1) &&
+                  packed.size(2) == TILE_OUT && packed.size(0) * TILE_OUT >= N && packed.is_contiguous(),
+              "row_linear_int8: weights not from pack_int8 for this input size");
+  TORCH_CHECK(scale.scalar_type() == torch::kFloat && scale.numel() == N && scale.is_contiguous(),
+              "row_linear_int8: fp32 scales [N]");
 }
 
 #if defined(__AVX512F__) && defined(__AVX512BW__) && defined(__AVX512VL__)
@@ -75,14 +89,8 @@ __attribute__((noinline)) void tile_rows(const float* x, int64_t K, const int8_t
 
 // x [M, K] bfloat16; packed from pack_int8 (N outputs); scale [N] fp32. Returns y [M, N] bfloat16.
 torch::Tensor row_linear_int8(torch::Tensor x, torch::Tensor packed, torch::Tensor scale, int64_t N) {
-  TORCH_CHECK(x.dim() == 2 && x.scalar_type() == torch::kBFloat16 && x.device().is_cpu(),
-              "row_linear_int8 takes bf16 inputs [M, K] on the CPU");
+  check_int8_operands(x, packed, scale, N);
   const int64_t M = x.size(0), K = x.size(1);
-  TORCH_CHECK(packed.dim() == 3 && packed.scalar_type() == torch::kChar && packed.size(1) == K &&
-                  packed.size(2) == TILE_OUT && packed.size(0) * TILE_OUT >= N && packed.is_contiguous(),
-              "row_linear_int8: weights not from pack_int8 for this input size");
-  TORCH_CHECK(scale.scalar_type() == torch::kFloat && scale.numel() == N && scale.is_contiguous(),
-              "row_linear_int8: fp32 scales [N]");
   auto xf = x.to(torch::kFloat).contiguous();
   auto y = torch::empty({M, N}, x.options());
   const float* xp = xf.data_ptr<float>();
@@ -101,10 +109,65 @@ torch::Tensor row_linear_int8(torch::Tensor x, torch::Tensor packed, torch::Tens
 
 bool row_linear_int8_available() { return true; }
 
-#else  // no AVX-512: int8 linears run torch's kernel (quantize.py asks first)
+#elif defined(__AVX2__)  // the same chains in 8-lane vectors (see avx2.h): the same numbers as above
+
+namespace {
+
+// R rows (fp32) against V vectors of 8 outputs of a tile, from vector `first` on.
+template <int R, int V>
+__attribute__((noinline)) void int8_rows(const float* x, int64_t K, const int8_t* tile, int first, const float* scale,
+                                         int64_t n0, int64_t N, at::BFloat16* y, int64_t ldy) {
+  __m256 acc[R][V];
+  for (int r = 0; r < R; ++r)
+    for (int v = 0; v < V; ++v) acc[r][v] = _mm256_setzero_ps();
+  for (int64_t k = 0; k < K; ++k) {
+    const int8_t* codes = tile + k * TILE_OUT + first * 8;
+    _mm_prefetch(reinterpret_cast<const char*>(codes) + 1024, _MM_HINT_T0);
+    __m256 xb[R];
+    for (int r = 0; r < R; ++r) xb[r] = _mm256_broadcast_ss(x + r * K + k);
+    for (int v = 0; v < V; ++v) {
+      const __m256 w = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(codes + 8 * v))));
+      for (int r = 0; r < R; ++r) acc[r][v] = _mm256_fmadd_ps(xb[r], w, acc[r][v]);
+    }
+  }
+  for (int v = 0; v < V; ++v) {
+    const int64_t c0 = n0 + (first + v) * 8;
+    if (c0 >= N) break;
+    const int64_t width = N - c0 < 8 ? N - c0 : 8;
+    alignas(32) float s[8] = {0, 0, 0, 0, 0, 0, 0, 0};
+    for (int64_t i = 0; i < width; ++i) s[i] = scale[c0 + i];
+    for (int r = 0; r < R; ++r) store_bf16(y + r * ldy + c0, _mm256_mul_ps(acc[r][v], _mm256_load_ps(s)), width);
+  }
+}
+
+}  // namespace
 
 torch::Tensor row_linear_int8(torch::Tensor x, torch::Tensor packed, torch::Tensor scale, int64_t N) {
-  TORCH_CHECK(false, "row_linear_int8 was built without AVX-512");
+  check_int8_operands(x, packed, scale, N);
+  const int64_t M = x.size(0), K = x.size(1);
+  auto xf = fp32_rows(x);
+  auto y = torch::empty({M, N}, x.options());
+  const float* xp = xf.data_ptr<float>();
+  const int8_t* wp = packed.data_ptr<int8_t>();
+  const float* sp = scale.data_ptr<float>();
+  at::BFloat16* yp = y.data_ptr<at::BFloat16>();
+  at::parallel_for(0, packed.size(0), 1, [&](int64_t begin, int64_t end) {
+    for (int64_t t = begin; t < end; ++t)
+      for_row_groups(M, [&](int64_t m, auto group) {
+        constexpr int R = decltype(group)::value, V = avx2_vectors<R>();
+        for (int first = 0; first < 8; first += V)
+          int8_rows<R, V>(xp + m * K, K, wp + t * K * TILE_OUT, first, sp, t * TILE_OUT, N, yp + m * N, N);
+      });
+  });
+  return y;
+}
+
+bool row_linear_int8_available() { return true; }
+
+#else  // no AVX2: int8 linears run torch's kernel (quantize.py asks first)
+
+torch::Tensor row_linear_int8(torch::Tensor x, torch::Tensor packed, torch::Tensor scale, int64_t N) {
+  TORCH_CHECK(false, "row_linear_int8 was built without AVX2");
 }
 
 bool row_linear_int8_available() { return false; }

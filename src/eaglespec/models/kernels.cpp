@@ -2,6 +2,8 @@
 
 #include <torch/extension.h>
 
+#include <string>
+
 torch::Tensor row_attention(torch::Tensor q, torch::Tensor k, torch::Tensor v, c10::optional<torch::Tensor> mask,
                             double scale);
 torch::Tensor row_linear(torch::Tensor x, torch::Tensor w, c10::optional<torch::Tensor> bias);
@@ -9,7 +11,7 @@ bool row_linear_available();
 torch::Tensor pack_bf16(torch::Tensor w);
 torch::Tensor row_linear_bf16(torch::Tensor x, torch::Tensor packed, int64_t N, c10::optional<torch::Tensor> bias);
 bool row_linear_bf16_available();
-bool row_linear_bf16_amx();
+std::string row_linear_bf16_unit();
 torch::Tensor pack_int4(torch::Tensor codes, torch::Tensor scale, torch::Tensor low);
 torch::Tensor row_linear_int4(torch::Tensor x, torch::Tensor packed, int64_t N);
 bool row_linear_int4_available();
@@ -31,16 +33,16 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, module) {
   module.def("pack_bf16", &pack_bf16, "bf16 weights [N, K] in row_linear_bf16's layout");
   module.def("row_linear_bf16", &row_linear_bf16, "Row-invariant linear layer over packed bf16 weights and bf16 inputs (CPU)");
   module.def("row_linear_bf16_available", &row_linear_bf16_available,
-             "Whether row_linear_bf16 was built (it needs AVX-512 BF16)");
-  module.def("row_linear_bf16_amx", &row_linear_bf16_amx,
-             "Whether row_linear_bf16 runs on the AMX tile unit (for K a multiple of 32)");
+             "Whether row_linear_bf16 was built (it needs AVX2)");
+  module.def("row_linear_bf16_unit", &row_linear_bf16_unit,
+             "What runs row_linear_bf16 (and row_linear_int4): amx (for K a multiple of 32), avx512-bf16, avx2 or none");
   module.def("pack_int4", &pack_int4, "4-bit weights (codes, scale, low) in row_linear_int4's layout");
   module.def("row_linear_int4", &row_linear_int4, "Row-invariant linear layer over packed 4-bit weights and bf16 inputs (CPU)");
   module.def("row_linear_int4_available", &row_linear_int4_available,
-             "Whether row_linear_int4 was built (it needs AVX-512 BF16)");
+             "Whether row_linear_int4 was built (it needs AVX2)");
   module.def("pack_int8", &pack_int8, "8-bit codes in row_linear_int8's layout");
   module.def("row_linear_int8", &row_linear_int8, "Row-invariant linear layer over packed 8-bit weights and bf16 inputs (CPU)");
-  module.def("row_linear_int8_available", &row_linear_int8_available, "Whether row_linear_int8 was built (it needs AVX-512)");
+  module.def("row_linear_int8_available", &row_linear_int8_available, "Whether row_linear_int8 was built (it needs AVX2)");
   module.def("rms_norm", &rms_norm, "RMSNorm, one call (CPU)");
   module.def("silu_mul", &silu_mul, "silu(gate) * up over the halves of the last axis, one call (CPU)");
   module.def("rope_store", &rope_store, "Rotary embedding of q and k and the cache write of k and v, one call (CPU)");

@@ -5,12 +5,13 @@ An interrupted build leaves nothing that blocks the next one (see `_load`).
 
 `row_attention` (row_attention.cpp): attention for decoding and verification whose result for a
 query row depends only on that row and the keys it sees, in slot order.
-`row_linear` and `row_linear_bf16` (row_linear.cpp): linear layers over fp32 weights (AVX2) or bf16
-weights (AVX-512 BF16, in their own tiled layout from `pack_bf16`) whose result for a row depends
-only on that row (one fixed-order dot product per output), reading the weights once for all the
-rows of a call.
-Where the CPU has the AMX tile unit (amx.h), the bf16 and int4 linears run on it (unless
-EAGLESPEC_AMX=0), as row-invariant, so a forward over up to 16 rows costs about what one row does.
+`row_linear` and `row_linear_bf16` (row_linear.cpp): linear layers over fp32 or bf16 weights (bf16
+in their own tiled layout from `pack_bf16`) whose result for a row depends only on that row (one
+fixed-order dot product per output), reading the weights once for all the rows of a call; likewise
+over 8- and 4-bit weights (int8_linear.cpp, int4_linear.cpp). Each runs on the best unit the CPU
+has: AMX tiles (amx.h: bf16 and int4, unless EAGLESPEC_AMX=0; a forward over up to 16 rows costs
+about what one row does), AVX-512 (with BF16 for bf16 and int4), else AVX2 (avx2.h: products in
+fp32 lanes, whose cost grows with every row).
 `rms_norm`, `silu_mul`, `rope_store` (layer_ops.cpp): a decoder layer's small operations, one call
 each instead of about 60 operator calls per layer, row by row.
 `LayerStack` (layer_stack.cpp): the target's decoder layers for inference, one call for all of
@@ -95,8 +96,8 @@ def row_linear(x: Tensor, weight: Tensor, bias: Tensor | None) -> Tensor | None:
 
 
 def pack_bf16(weight: Tensor) -> Tensor | None:
-    """A bf16 CPU weight [N, K] in the layout of our bf16 kernel, where this CPU runs it (AVX-512
-    BF16), else None."""
+    """A bf16 CPU weight [N, K] in the layout of our bf16 kernel, where this CPU runs it (AVX2), else
+    None."""
     if not (weight.device.type == "cpu" and weight.dtype == torch.bfloat16 and weight.shape[-1] % 2 == 0):
         return None
     module = _load()
@@ -110,17 +111,17 @@ def row_linear_bf16(x: Tensor, tiles: Tensor, out_features: int, bias: Tensor | 
 
 def bf16_linear_unit() -> str:
     """What runs bf16 linears here: "amx" (our kernel on the tile unit, for K a multiple of 32; our
-    int4 kernel then runs on it too), "avx512-bf16" (our kernels on vector units) or "onednn"
-    (torch's, where ours is not built)."""
+    int4 kernel then runs on it too), "avx512-bf16" or "avx2" (our kernels on vector units) or
+    "torch" (torch's, where ours is not built)."""
     module = _load()
     if module is None or not module.row_linear_bf16_available():
-        return "onednn"
-    return "amx" if module.row_linear_bf16_amx() else "avx512-bf16"
+        return "torch"
+    return module.row_linear_bf16_unit()
 
 
 def pack_int4(codes: Tensor, scale: Tensor, low: Tensor) -> Tensor | None:
     """4-bit weights (codes [N, K] in 0..15, w = codes * scale + low with scale and low [K / 32, N])
-    in the layout of our int4 kernel, where this CPU runs it (AVX-512 BF16), else None."""
+    in the layout of our int4 kernel, where this CPU runs it (AVX2), else None."""
     module = _load() if codes.device.type == "cpu" else None
     return module.pack_int4(codes, scale, low) if module is not None and module.row_linear_int4_available() else None
 
@@ -131,7 +132,7 @@ def row_linear_int4(x: Tensor, packed: Tensor, out_features: int) -> Tensor:
 
 
 def pack_int8(codes: Tensor) -> Tensor | None:
-    """8-bit codes [N, K] in the layout of our int8 kernel, where this CPU runs it (AVX-512), else None."""
+    """8-bit codes [N, K] in the layout of our int8 kernel, where this CPU runs it (AVX2), else None."""
     module = _load() if codes.device.type == "cpu" else None
     return module.pack_int8(codes) if module is not None and module.row_linear_int8_available() else None
 

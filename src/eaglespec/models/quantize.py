@@ -1,18 +1,19 @@
 """Weight-only quantized linears: the target's matrices kept as 8- or 4-bit integers and multiplied
-without expanding them (our kernels, or torch's on CPUs without AVX-512), so a forward reads 2-4x
+without expanding them (our kernels, or torch's on CPUs without AVX2), so a forward reads 2-4x
 fewer bytes than bf16.
 
 - `int4`: groups of 32 input weights share a scale and a low end, w = q * scale + low with q in
   0..15. This is the bundled GGUFs' Q4_1 form (w = d * q + m): where a group's dequantized values
   lie on such a grid, the codes are recovered exactly, so the int4 model runs the GGUF's own 4-bit
-  weights. Other groups are rounded to the nearest of 16 levels between their min and max. On CPUs
-  with AVX-512 BF16 our kernel multiplies them (`kernels.row_linear_int4`: scale and low in fp16,
-  as GGUF stores d and m; the codes read once per call for all rows, so a draft tree costs little
-  more than one token); elsewhere torch's (`_weight_int4pack_mm_for_cpu`, over w = (q - 8) *
-  scale + offset with bf16 scales and offsets, whose cost grows with every row).
-- `int8`: one scale per output row, w = q * scale with q in -127..127: on CPUs with AVX-512 our
-  kernel (`kernels.row_linear_int8`: fp32 scales, the codes read once per call for all rows),
-  elsewhere torch's (`_weight_int8pack_mm`, bf16 scales).
+  weights. Other groups are rounded to the nearest of 16 levels between their min and max. Our
+  kernel multiplies them (`kernels.row_linear_int4`: scale and low in fp16, as GGUF stores d and m;
+  the codes read once per call for all rows: with AMX or AVX-512 BF16 a draft tree costs little
+  more than one token, with AVX2 alone the products' cost grows with the rows); without AVX2
+  torch's (`_weight_int4pack_mm_for_cpu`, over w = (q - 8) * scale + offset with bf16 scales and
+  offsets).
+- `int8`: one scale per output row, w = q * scale with q in -127..127: our kernel
+  (`kernels.row_linear_int8`: fp32 scales, the codes read once per call for all rows; AVX-512 and
+  AVX2 give the same numbers), without AVX2 torch's (`_weight_int8pack_mm`, bf16 scales).
 
 With `int4` the decoder layers are 4-bit and the LM head (often the embedding, and 8-bit or wider in
 GGUF files) is int8; with `int8` all of them are int8. The embedding table stays dense (a lookup

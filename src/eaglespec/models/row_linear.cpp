@@ -28,6 +28,7 @@
 #include <cstdint>
 
 #include "amx.h"
+#include "avx2.h"
 #include "row_groups.h"
 
 #ifdef __AVX2__
@@ -149,6 +150,30 @@ bool row_linear_available() { return false; }
 
 #endif
 
+constexpr int64_t BF16_TILE = 64;  // outputs per tile of the bf16 layout
+
+// w [N, K] bfloat16, K % 2 == 0 -> the kernel's layout [ceil(N / 64), K / 2, 64, 2]: for each tile of
+// 64 outputs, the input pairs in order, each pair's weights of the 64 outputs side by side (zeros
+// past N), so a tile is one sequential stream.
+torch::Tensor pack_bf16(torch::Tensor w) {
+  TORCH_CHECK(w.dim() == 2 && w.scalar_type() == torch::kBFloat16 && w.size(1) % 2 == 0,
+              "pack_bf16 takes bf16 weights [N, K] with K even");
+  const int64_t N = w.size(0), K = w.size(1), width = BF16_TILE, tiles = (N + width - 1) / width;
+  auto padded = torch::zeros({tiles * width, K}, w.options());
+  padded.narrow(0, 0, N).copy_(w);
+  return padded.view({tiles, width, K / 2, 2}).permute({0, 2, 1, 3}).contiguous();
+}
+
+// row_linear_bf16's operands: x [M, K] bf16 on the CPU, packed from pack_bf16 for K and N outputs.
+inline void check_bf16_operands(const torch::Tensor& x, const torch::Tensor& packed, int64_t N) {
+  TORCH_CHECK(x.dim() == 2 && x.scalar_type() == torch::kBFloat16 && x.device().is_cpu(),
+              "row_linear_bf16 takes bf16 inputs [M, K] on the CPU");
+  TORCH_CHECK(packed.dim() == 4 && packed.scalar_type() == torch::kBFloat16 && packed.size(1) * 2 == x.size(1) &&
+                  packed.size(2) == BF16_TILE && packed.size(3) == 2 && packed.size(0) * BF16_TILE >= N &&
+                  packed.is_contiguous(),
+              "row_linear_bf16: weights not from pack_bf16 for this input size");
+}
+
 #if defined(__AVX512BF16__) && defined(__AVX512F__) && defined(__AVX512BW__) && defined(__AVX512VL__)
 #include <immintrin.h>
 
@@ -237,27 +262,10 @@ void amx_linear(const at::BFloat16* xp, int64_t M, int64_t K, const at::BFloat16
 
 }  // namespace
 
-// w [N, K] bfloat16, K % 2 == 0 -> the kernel's layout [ceil(N / 64), K / 2, 64, 2]: for each tile of
-// 64 outputs, the input pairs in order, each pair's weights of the 64 outputs side by side (zeros
-// past N), so a tile is one sequential stream.
-torch::Tensor pack_bf16(torch::Tensor w) {
-  TORCH_CHECK(w.dim() == 2 && w.scalar_type() == torch::kBFloat16 && w.size(1) % 2 == 0,
-              "pack_bf16 takes bf16 weights [N, K] with K even");
-  const int64_t N = w.size(0), K = w.size(1), width = TILE * COLS, tiles = (N + width - 1) / width;
-  auto padded = torch::zeros({tiles * width, K}, w.options());
-  padded.narrow(0, 0, N).copy_(w);
-  return padded.view({tiles, width, K / 2, 2}).permute({0, 2, 1, 3}).contiguous();
-}
-
 // x [M, K] bfloat16; packed from pack_bf16 (N outputs); bias [N] or undefined. Returns y [M, N] bf16.
 torch::Tensor row_linear_bf16(torch::Tensor x, torch::Tensor packed, int64_t N, c10::optional<torch::Tensor> bias) {
-  TORCH_CHECK(x.dim() == 2 && x.scalar_type() == torch::kBFloat16 && x.device().is_cpu(),
-              "row_linear_bf16 takes bf16 inputs [M, K] on the CPU");
+  check_bf16_operands(x, packed, N);
   const int64_t M = x.size(0), K = x.size(1);
-  TORCH_CHECK(packed.dim() == 4 && packed.scalar_type() == torch::kBFloat16 && packed.size(1) * 2 == K &&
-                  packed.size(2) == TILE * COLS && packed.size(3) == 2 && packed.size(0) * TILE * COLS >= N &&
-                  packed.is_contiguous(),
-              "row_linear_bf16: weights not from pack_bf16 for this input size");
   auto xc = x.contiguous();
   torch::Tensor b;
   if (bias.has_value() && bias->defined()) b = bias->to(torch::kFloat).contiguous();
@@ -295,18 +303,89 @@ torch::Tensor row_linear_bf16(torch::Tensor x, torch::Tensor packed, int64_t N, 
 
 bool row_linear_bf16_available() { return true; }
 
-bool row_linear_bf16_amx() { return amx_on(); }
+std::string row_linear_bf16_unit() { return amx_on() ? "amx" : "avx512-bf16"; }
 
-#else  // no AVX-512 BF16: bf16 linears run oneDNN's (kernels.py asks first)
+#elif defined(__AVX2__)  // bf16 products in fp32 lanes (see avx2.h)
 
-torch::Tensor pack_bf16(torch::Tensor w) { TORCH_CHECK(false, "built without AVX-512 BF16"); }
+namespace {
+
+// R rows (fp32) against V vectors of 8 outputs of a tile, from vector `first` on: per output one fp32
+// chain over the inputs in order, the packed pair (w[2p], w[2p + 1]) of 8 outputs one 32-byte load.
+template <int R, int V>
+__attribute__((noinline)) void bf16_rows(const float* x, int64_t K, const at::BFloat16* tile, int first,
+                                         const float* bias, int64_t n0, int64_t N, at::BFloat16* y, int64_t ldy) {
+  __m256 acc[R][V];
+  for (int r = 0; r < R; ++r)
+    for (int v = 0; v < V; ++v) acc[r][v] = _mm256_setzero_ps();
+  const __m256i high = _mm256_set1_epi32(static_cast<int32_t>(0xFFFF0000u));
+  for (int64_t p = 0; p < K / 2; ++p) {
+    const at::BFloat16* wp = tile + p * BF16_TILE * 2 + first * 16;
+    for (int l = 0; l < V * 32; l += 64) _mm_prefetch(reinterpret_cast<const char*>(wp) + l + 4096, _MM_HINT_T0);
+    __m256 even[R], odd[R];
+    for (int r = 0; r < R; ++r) {
+      even[r] = _mm256_broadcast_ss(x + r * K + 2 * p);
+      odd[r] = _mm256_broadcast_ss(x + r * K + 2 * p + 1);
+    }
+    for (int v = 0; v < V; ++v) {
+      const __m256i pairs = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(wp + v * 16));
+      const __m256 we = _mm256_castsi256_ps(_mm256_slli_epi32(pairs, 16));
+      const __m256 wo = _mm256_castsi256_ps(_mm256_and_si256(pairs, high));
+      for (int r = 0; r < R; ++r) {
+        acc[r][v] = _mm256_fmadd_ps(even[r], we, acc[r][v]);
+        acc[r][v] = _mm256_fmadd_ps(odd[r], wo, acc[r][v]);
+      }
+    }
+  }
+  for (int v = 0; v < V; ++v) {
+    const int64_t c0 = n0 + (first + v) * 8;
+    if (c0 >= N) break;
+    const int64_t width = N - c0 < 8 ? N - c0 : 8;
+    __m256 b = _mm256_setzero_ps();
+    if (bias) {
+      alignas(32) float lanes[8] = {0, 0, 0, 0, 0, 0, 0, 0};
+      for (int64_t i = 0; i < width; ++i) lanes[i] = bias[c0 + i];
+      b = _mm256_load_ps(lanes);
+    }
+    for (int r = 0; r < R; ++r) store_bf16(y + r * ldy + c0, _mm256_add_ps(acc[r][v], b), width);
+  }
+}
+
+}  // namespace
 
 torch::Tensor row_linear_bf16(torch::Tensor x, torch::Tensor packed, int64_t N, c10::optional<torch::Tensor> bias) {
-  TORCH_CHECK(false, "row_linear_bf16 was built without AVX-512 BF16");
+  check_bf16_operands(x, packed, N);
+  const int64_t M = x.size(0), K = x.size(1);
+  auto xf = fp32_rows(x);
+  torch::Tensor b;
+  if (bias.has_value() && bias->defined()) b = bias->to(torch::kFloat).contiguous();
+  const float* bp = b.defined() ? b.data_ptr<float>() : nullptr;
+  auto y = torch::empty({M, N}, x.options());
+  const float* xp = xf.data_ptr<float>();
+  const at::BFloat16* wp = packed.data_ptr<at::BFloat16>();
+  at::BFloat16* yp = y.data_ptr<at::BFloat16>();
+  at::parallel_for(0, packed.size(0), 1, [&](int64_t begin, int64_t end) {
+    for (int64_t t = begin; t < end; ++t)
+      for_row_groups(M, [&](int64_t m, auto group) {
+        constexpr int R = decltype(group)::value, V = avx2_vectors<R>();
+        for (int first = 0; first < 8; first += V)
+          bf16_rows<R, V>(xp + m * K, K, wp + t * BF16_TILE * K, first, bp, t * BF16_TILE, N, yp + m * N, N);
+      });
+  });
+  return y;
+}
+
+bool row_linear_bf16_available() { return true; }
+
+std::string row_linear_bf16_unit() { return "avx2"; }
+
+#else  // no AVX2: bf16 linears run torch's (kernels.py asks first)
+
+torch::Tensor row_linear_bf16(torch::Tensor x, torch::Tensor packed, int64_t N, c10::optional<torch::Tensor> bias) {
+  TORCH_CHECK(false, "row_linear_bf16 was built without AVX2");
 }
 
 bool row_linear_bf16_available() { return false; }
 
-bool row_linear_bf16_amx() { return false; }
+std::string row_linear_bf16_unit() { return "none"; }
 
 #endif

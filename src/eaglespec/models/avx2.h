@@ -1,0 +1,33 @@
+// What our linear kernels' AVX2 paths share (CPUs without AVX-512 BF16: the bf16 and int4 kernels,
+// and int8 where AVX-512 is missing too). They read the same packed layouts as the AVX-512 paths,
+// a tile of 64 outputs as 8 vectors of 8 fp32 lanes, one lane per output: a group of R rows runs
+// against V of the vectors at a time (8 / V passes over the tile, the tile in cache after the
+// first), so that R x V accumulators fit the 16 registers. Every (R, V) computes an output the same
+// way, one fp32 chain over the inputs in order, so a row's result does not depend on the rows beside
+// it nor on the number of threads.
+
+#pragma once
+
+#if defined(__AVX2__)
+#include <immintrin.h>
+#include <torch/extension.h>
+
+#include <cstdint>
+
+constexpr int64_t AVX2_TILE = 64;  // outputs per tile (the packed layouts' tiles)
+
+// Vectors of 8 outputs a group of R rows takes per pass.
+template <int R>
+constexpr int avx2_vectors() { return R == 1 ? 8 : R == 2 ? 4 : 2; }
+
+// Outputs c0 .. c0 + width - 1 (width <= 8) of a row: v rounded once to bf16 (nearest even).
+inline void store_bf16(at::BFloat16* y, __m256 v, int64_t width) {
+  alignas(32) float lanes[8];
+  _mm256_store_ps(lanes, v);
+  for (int64_t i = 0; i < width; ++i) y[i] = static_cast<at::BFloat16>(lanes[i]);
+}
+
+// x [M, K] bf16 as fp32 (exact), contiguous.
+inline torch::Tensor fp32_rows(const torch::Tensor& x) { return x.to(torch::kFloat).contiguous(); }
+
+#endif
