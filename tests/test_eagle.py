@@ -88,3 +88,42 @@ def test_python_api():
     assert "".join(pieces) == vanilla.text
     with pytest.raises(InvalidArgumentError, match="needs an EAGLE head"):
         eaglespec.load("smollm2-135m-instruct", head=None, dtype="float32").generate("x", method="eagle")
+
+
+def test_auto_decodes_plainly_where_drafting_rounds_are_slower_and_probes_again():
+    from eaglespec.decoding.eagle import AutoSize
+
+    auto = AutoSize([0.0, 0.010, 0.012])  # one token verified in 10 ms: 100 tokens/s to beat
+    drafting, now = [], 0.0
+    for _ in range(30):
+        auto.start_round(now)
+        drafting.append(auto.drafting)
+        now += 0.040 if auto.drafting else 0.010  # a drafting round: 2 tokens in 40 ms (50 tokens/s)
+        auto.finish_round(2 if auto.drafting else 1)
+    # the first two rounds draft (the first one's head pass over the prompt is not measured), then
+    # plain rounds, one drafting round in PROBE
+    assert drafting[:3] == [True, True, False]
+    assert [i for i, d in enumerate(drafting) if d][2:] == list(range(1 + AutoSize.PROBE, 30, AutoSize.PROBE))
+
+
+def test_auto_rounds_without_a_draft_keep_the_output(smollm2, shipped, monkeypatch):
+    """Rounds that skip drafting leave the head's entries waiting; the next drafting round runs
+    them all: greedy output still equals vanilla's."""
+    from eaglespec.decoding.eagle import AutoSize
+
+    start_round, made = AutoSize.start_round, []
+
+    def every_third(self, now):
+        start_round(self, now)
+        self.drafting = self.rounds % 3 == 1
+        made.append(self)
+
+    monkeypatch.setattr(AutoSize, "start_round", every_third)
+    prompt = "Write a Python function that checks whether a number is prime."
+    vanilla = generate(smollm2, prompt, chat=True, max_new_tokens=40)
+    out = generate(smollm2, prompt, chat=True, max_new_tokens=40, method=Eagle(shipped, "auto"))
+    assert out.token_ids == vanilla.token_ids and out.tau > 1
+    # the sizing counted every accepted draft token (plain rounds accept none) but the last round's,
+    # which ends the generation before the proposer hears of it
+    missed = (out.new_tokens - out.target_forwards) - (made[-1].accepted - 1)
+    assert 0 <= missed <= out.accepted_lengths[-1] - 1

@@ -27,6 +27,22 @@ METHODS = [*(f"eagle:{t}" for t in TREES), "eagle-random:eagle1", "eagle-random:
            "eagle3-exit:eagle1", "eagle3-exit:auto", "sps:3", "pld:6"]
 
 
+@pytest.fixture(autouse=True)
+def auto_drafts_every_round(monkeypatch):
+    """`auto` trees draft in every round here: where drafting rounds measure slower than plain ones
+    they decode plainly (a matter of the machine's timing, tested in test_eagle.py), and these
+    tests must exercise the drafting path."""
+    from eaglespec.decoding.eagle import AutoSize
+
+    start_round = AutoSize.start_round
+
+    def drafting(self, now):
+        start_round(self, now)
+        self.drafting = True
+
+    monkeypatch.setattr(AutoSize, "start_round", drafting)
+
+
 @pytest.fixture(scope="module")
 def random_head(smollm2):
     """A random head over a random 4k-token draft vocabulary."""

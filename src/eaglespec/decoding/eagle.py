@@ -58,15 +58,20 @@ class EagleProposer:
     def accept(self, tokens: list[int], features: Tensor) -> None:
         """tokens: the round's accepted tokens (bonus last); features [1, len(tokens), H]: the
         target's features at the root and at the accepted draft nodes."""
-        self.pending = (features, torch.tensor([tokens], device=self.device))
         if self.auto:
             self.auto.finish_round(len(tokens))
+        tokens = torch.tensor([tokens], device=self.device)
+        if self.pending is not None:  # a round that did not draft: its entries wait with these
+            features, tokens = torch.cat((self.pending[0], features), 1), torch.cat((self.pending[1], tokens), 1)
+        self.pending = (features, tokens)
 
     @torch.inference_mode()
     def propose(self, max_depth: int) -> DraftTree:
         """Draft a tree no deeper than `max_depth` (what the loop can still accept)."""
         if self.auto:
             self.auto.start_round(self.clock.now())
+            if not self.auto.drafting:  # plain decoding pays better here: the entries wait
+                return DraftTree()
         if self.pending is None:  # a one-token prompt: no feature known yet
             return DraftTree()
         features, tokens = self.pending
@@ -187,12 +192,22 @@ class AutoSize:
     tokens, estimates how often the target accepts it. The round verifies the n best nodes that
     maximize (1 + expected accepted) / (draft time + measured verify cost of n + 1 tokens), and
     drafting stops deepening once the next level's expected tokens are worth less than its time.
+    Where even the best tree pays less than plain decoding (the measured tokens/s of drafting
+    rounds below that of rounds without a draft, as on CPUs whose forwards cost in proportion to
+    their tokens), rounds decode plainly, one in PROBE drafting again to measure anew.
     """
+
+    PROBE = 8
 
     def __init__(self, verify_costs: list[float]):
         self.costs = torch.tensor(verify_costs, dtype=torch.float64)
         self.accepted, self.predicted = 1.0, 1.0  # running sums behind the calibration
-        self.rate = 1 / max(verify_costs[1], 1e-6)  # tokens/s, starting at vanilla's
+        self.rate = 1 / max(verify_costs[1], 1e-6)  # tokens/s of drafting rounds, starting at vanilla's
+        self.plain_rate = self.rate  # tokens/s of rounds without a draft
+        self.drafting = True  # whether this round drafts
+        self.plain_rounds = 0  # rounds without a draft since the last drafting one
+        self.plain_total = 0
+        self.rounds = 0
         self.level_time = 0.0  # the last draft level's seconds
         self.round_start = 0.0
         self.round_tokens = 0  # tokens the last round accepted
@@ -200,14 +215,23 @@ class AutoSize:
         self.sizes: list[int] = []
 
     def start_round(self, now: float) -> None:
-        if self.round_tokens:
-            self.rate = 0.8 * self.rate + 0.2 * self.round_tokens / max(now - self.round_start, 1e-6)
+        self.rounds += 1
+        if self.round_tokens and self.rounds > 2:  # (the first round also runs the head over the prompt)
+            rate = self.round_tokens / max(now - self.round_start, 1e-6)
+            if self.drafting:
+                self.rate = 0.8 * self.rate + 0.2 * rate
+            else:
+                self.plain_rate = 0.8 * self.plain_rate + 0.2 * rate
+        self.plain_rounds = 0 if self.drafting else self.plain_rounds + 1
+        self.drafting = self.rate >= self.plain_rate or self.plain_rounds >= self.PROBE - 1
+        self.plain_total += not self.drafting
         self.round_start, self.round_tokens = now, 0
 
     def finish_round(self, tokens: int) -> None:
         self.round_tokens = tokens
-        self.accepted += tokens - 1  # the bonus token is not a draft token
-        self.predicted += self.prediction
+        if self.drafting:
+            self.accepted += tokens - 1  # the bonus token is not a draft token
+            self.predicted += self.prediction
 
     @property
     def calibration(self) -> float:
@@ -232,7 +256,8 @@ class AutoSize:
         if not self.sizes:
             return shape.describe()
         mean = sum(self.sizes) / len(self.sizes)
-        return f"auto:topk={shape.topk},depth<={shape.depth},tokens<={shape.tokens} (mean {mean:.1f} tokens per round)"
+        return (f"auto:topk={shape.topk},depth<={shape.depth},tokens<={shape.tokens} (mean {mean:.1f} tokens per "
+                f"drafting round, {len(self.sizes)} of {len(self.sizes) + self.plain_total} rounds drafting)")
 
 
 def _static_plan(paths) -> list[list[tuple[int, list[int]]]]:

@@ -9,16 +9,33 @@
 #pragma once
 
 #if defined(__AVX2__)
+#include <ATen/Parallel.h>
 #include <immintrin.h>
 #include <torch/extension.h>
 
 #include <cstdint>
+#include <type_traits>
+
+#include "row_groups.h"
 
 constexpr int64_t AVX2_TILE = 64;  // outputs per tile (the packed layouts' tiles)
 
 // Vectors of 8 outputs a group of R rows takes per pass.
 template <int R>
 constexpr int avx2_vectors() { return R == 1 ? 8 : R == 2 ? 4 : 2; }
+
+// The passes of a call of M rows over `tiles` tiles, the tiles split over the threads:
+// pass(tile, first row, first vector, rows, vectors), rows and vectors as integral constants.
+template <typename F>
+inline void avx2_passes(int64_t M, int64_t tiles, F&& pass) {
+  at::parallel_for(0, tiles, 1, [&](int64_t begin, int64_t end) {
+    for (int64_t t = begin; t < end; ++t)
+      for_row_groups(M, [&](int64_t m, auto rows) {
+        constexpr int V = avx2_vectors<decltype(rows)::value>();
+        for (int first = 0; first < 8; first += V) pass(t, m, first, rows, std::integral_constant<int, V>());
+      });
+  });
+}
 
 // Outputs c0 .. c0 + width - 1 (width <= 8) of a row: v rounded once to bf16 (nearest even).
 inline void store_bf16(at::BFloat16* y, __m256 v, int64_t width) {

@@ -67,12 +67,12 @@ class Linear(nn.Linear):
     other: a row's result is the same whatever number of rows the call carries, as verification
     needs (tested in test_decoder.py).
 
-    bf16 weights are packed at load (`pack_weight`): on CPUs with AVX-512 BF16 for our kernel
-    (`kernels.row_linear_bf16`: one fixed-order dot product per output, a tile of weights read once
-    for all rows; as fast as oneDNN's from 1 to 512 rows, measured), elsewhere for oneDNN's (about
-    1.6x faster than unpacked on small batches). oneDNN's bf16 rows are row-invariant on some CPUs
-    only (on AMD Zen 5 they change with the row count once K >= 1536, measured), which is why our
-    kernel runs wherever it can. fp32 calls of up to KERNEL_ROWS rows (decoding, verification) run
+    bf16 weights are packed at load (`pack_weight`) for our kernel (`kernels.row_linear_bf16`: one
+    fixed-order dot product per output, a tile of weights read once for all rows; with AVX-512 BF16
+    as fast as oneDNN's from 1 to 512 rows, with AVX2 alone about 3x faster than torch's, measured),
+    or, where it is not built, for oneDNN's. oneDNN's bf16 rows are row-invariant on some CPUs only
+    (on AMD Zen 5 they change with the row count once K >= 1536, measured), which is why our kernel
+    runs wherever it can. fp32 calls of up to KERNEL_ROWS rows (decoding, verification) run
     our AVX2 kernel (`kernels.row_linear`; faster than MKL at one row, measured); the rest run MKL,
     row-invariant at row counts that are multiples of ROW_ALIGN, so fp32 inputs are padded to one
     (fp32 packing for oneDNN would change the rounding, so fp32 stays unpacked).

@@ -337,13 +337,9 @@ torch::Tensor row_linear_int4(torch::Tensor x, torch::Tensor packed, int64_t N) 
   const float* xp = xf.data_ptr<float>();
   const uint8_t* wp = packed.data_ptr<uint8_t>();
   at::BFloat16* yp = y.data_ptr<at::BFloat16>();
-  at::parallel_for(0, packed.size(0), 1, [&](int64_t begin, int64_t end) {
-    for (int64_t t = begin; t < end; ++t)
-      for_row_groups(M, [&](int64_t m, auto group) {
-        constexpr int R = decltype(group)::value, V = avx2_vectors<R>();
-        for (int first = 0; first < 8; first += V)
-          int4_rows<R, V>(xp + m * K, K, wp + t * G * BLOCK, first, xs.data() + m * G, G, t * TILE_OUT, N, yp + m * N, N);
-      });
+  avx2_passes(M, packed.size(0), [&](int64_t t, int64_t m, int first, auto rows, auto vectors) {
+    int4_rows<decltype(rows)::value, decltype(vectors)::value>(xp + m * K, K, wp + t * G * BLOCK, first,
+                                                               xs.data() + m * G, G, t * TILE_OUT, N, yp + m * N, N);
   });
   return y;
 }

@@ -363,13 +363,9 @@ torch::Tensor row_linear_bf16(torch::Tensor x, torch::Tensor packed, int64_t N, 
   const float* xp = xf.data_ptr<float>();
   const at::BFloat16* wp = packed.data_ptr<at::BFloat16>();
   at::BFloat16* yp = y.data_ptr<at::BFloat16>();
-  at::parallel_for(0, packed.size(0), 1, [&](int64_t begin, int64_t end) {
-    for (int64_t t = begin; t < end; ++t)
-      for_row_groups(M, [&](int64_t m, auto group) {
-        constexpr int R = decltype(group)::value, V = avx2_vectors<R>();
-        for (int first = 0; first < 8; first += V)
-          bf16_rows<R, V>(xp + m * K, K, wp + t * BF16_TILE * K, first, bp, t * BF16_TILE, N, yp + m * N, N);
-      });
+  avx2_passes(M, packed.size(0), [&](int64_t t, int64_t m, int first, auto rows, auto vectors) {
+    bf16_rows<decltype(rows)::value, decltype(vectors)::value>(xp + m * K, K, wp + t * BF16_TILE * K, first, bp,
+                                                               t * BF16_TILE, N, yp + m * N, N);
   });
   return y;
 }
