@@ -1,4 +1,4 @@
-// A linear layer over 4-bit weights for decoding and verification on CPUs with AVX-512 BF16:
+// A linear layer over 4-bit weights for decoding and verification on CPUs with AVX-512 BF16 (else AVX2):
 // y[M, N] = x[M, K] W[N, K]^T, x bf16, W in groups of 32 inputs w = q * scale + low (q in 0..15,
 // scale and low fp16 per output and group: GGUF Q4_1's own d and m), y bf16.
 //

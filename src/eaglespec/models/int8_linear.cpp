@@ -1,4 +1,4 @@
-// A linear layer over 8-bit weights for decoding and verification on CPUs with AVX-512:
+// A linear layer over 8-bit weights for decoding and verification on CPUs with AVX-512 (else AVX2):
 // y[M, N] = x[M, K] W[N, K]^T, x bf16, w = q * scale (q in -127..127, one fp32 scale per output), y bf16.
 //
 // The codes stay 8-bit in memory and become fp32 in registers (exact); each output accumulates

@@ -1,13 +1,13 @@
 // A linear layer for decoding and verification on CPUs: y[M, N] = x[M, K] W[N, K]^T (+ b), for the few
 // rows (one token, or a draft tree) that decoding forwards carry, over fp32 weights (AVX2) or bf16
-// weights (AVX-512 BF16).
+// weights (AVX-512 BF16 or AMX, else AVX2: see avx2.h).
 //
 // Each output is one dot product over K in a fixed order, then the lanes combined in one fixed order,
 // the bias added, and the result rounded once to the output dtype:
 // - fp32 weights: 8 fp32 lanes, lane l accumulating fma(x[k], w[k], acc) for k = l, l + 8, ... in order;
 // - bf16 weights (bf16 inputs), in the kernel's layout (`pack_bf16`): one fp32 accumulator per output,
-//   adding x[k] w[k] + x[k+1] w[k+1] for k = 0, 2, 4, ... in order (vdpbf16ps, 16 outputs a vector);
-//   no horizontal sums.
+//   adding x[k] w[k] + x[k+1] w[k+1] for k = 0, 2, 4, ... in order (vdpbf16ps, 16 outputs a vector;
+//   with AVX2 alone two FMAs, 8 outputs a vector); no horizontal sums.
 // So a row's result does not depend on how many rows the call carries (verification gives a tree node
 // what one-token decoding gives it), nor on the number of threads (a thread computes whole outputs).
 // oneDNN's bf16 products are not like this on every CPU: on AMD Zen 5 their rows change with the row
