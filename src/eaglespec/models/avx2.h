@@ -18,8 +18,6 @@
 
 #include "row_groups.h"
 
-constexpr int64_t AVX2_TILE = 64;  // outputs per tile (the packed layouts' tiles)
-
 // Vectors of 8 outputs a group of R rows takes per pass.
 template <int R>
 constexpr int avx2_vectors() { return R == 1 ? 8 : R == 2 ? 4 : 2; }
@@ -43,8 +41,5 @@ inline void store_bf16(at::BFloat16* y, __m256 v, int64_t width) {
   _mm256_store_ps(lanes, v);
   for (int64_t i = 0; i < width; ++i) y[i] = static_cast<at::BFloat16>(lanes[i]);
 }
-
-// x [M, K] bf16 as fp32 (exact), contiguous.
-inline torch::Tensor fp32_rows(const torch::Tensor& x) { return x.to(torch::kFloat).contiguous(); }
 
 #endif

@@ -332,7 +332,7 @@ torch::Tensor row_linear_int4(torch::Tensor x, torch::Tensor packed, int64_t N) 
   const int64_t M = x.size(0), K = x.size(1), G = K / GROUP;
   auto xc = x.contiguous();
   const std::vector<float> xs = group_sums(xc);
-  auto xf = fp32_rows(xc);
+  auto xf = xc.to(torch::kFloat).contiguous();  // exact
   auto y = torch::empty({M, N}, x.options());
   const float* xp = xf.data_ptr<float>();
   const uint8_t* wp = packed.data_ptr<uint8_t>();

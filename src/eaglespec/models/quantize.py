@@ -13,7 +13,7 @@ fewer bytes than bf16.
   offsets).
 - `int8`: one scale per output row, w = q * scale with q in -127..127: our kernel
   (`kernels.row_linear_int8`: fp32 scales, the codes read once per call for all rows; AVX-512 and
-  AVX2 give the same numbers), without AVX2 torch's (`_weight_int8pack_mm`, bf16 scales).
+  AVX2 do the same operations in the same order), without AVX2 torch's (`_weight_int8pack_mm`, bf16 scales).
 
 With `int4` the decoder layers are 4-bit and the LM head (often the embedding, and 8-bit or wider in
 GGUF files) is int8; with `int8` all of them are int8. The embedding table stays dense (a lookup

@@ -355,7 +355,7 @@ __attribute__((noinline)) void bf16_rows(const float* x, int64_t K, const at::BF
 torch::Tensor row_linear_bf16(torch::Tensor x, torch::Tensor packed, int64_t N, c10::optional<torch::Tensor> bias) {
   check_bf16_operands(x, packed, N);
   const int64_t M = x.size(0), K = x.size(1);
-  auto xf = fp32_rows(x);
+  auto xf = x.to(torch::kFloat).contiguous();  // exact
   torch::Tensor b;
   if (bias.has_value() && bias->defined()) b = bias->to(torch::kFloat).contiguous();
   const float* bp = b.defined() ? b.data_ptr<float>() : nullptr;
