@@ -136,7 +136,7 @@ def remeasure(model: str, number: int, head: str) -> None:
 
 
 def extraction_seconds(features: Path, earlier: Path) -> float:
-    """The recorded wall seconds of the shards in `features` not linked from `earlier` (the stretch
+    """The recorded seconds (CPU time per thread; wall time before 2026-12-02 evening) of the shards in `features` not linked from `earlier` (the stretch
     before: their cost was counted there)."""
     from safetensors import safe_open
 

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import torch
 
-from eaglespec.models.kernels import bf16_linear_unit
+from eaglespec.models.kernels import bf16_linear_unit, int4_inputs
 
 
 class Clock:
@@ -30,6 +30,16 @@ class Clock:
         return elapsed
 
 
+def work_seconds(device: torch.device | str = "cpu") -> float:
+    """The clock that training budgets and extraction costs count. On a CPU: the process's CPU time
+    per thread, which equals wall time on a quiet machine and does not count the time other
+    processes take from it (or a stopped process's pause), so work that shares the CPU is still
+    measured fairly; on a GPU: wall time."""
+    if torch.device(device).type == "cuda":
+        return time.monotonic()
+    return time.process_time() / torch.get_num_threads()
+
+
 def machine(device: torch.device | str = "cpu") -> dict:
     cpuinfo = Path("/proc/cpuinfo")
     cpu = next((line.split(":", 1)[1].strip() for line in cpuinfo.read_text().splitlines()
@@ -45,6 +55,7 @@ def machine(device: torch.device | str = "cpu") -> dict:
              "python": platform.python_version()}
     if torch.device(device).type == "cpu":
         facts["bf16_linears"] = bf16_linear_unit()  # what verifying a tree costs there depends on it most
+        facts["int4_inputs"] = int4_inputs()
     if torch.device(device).type == "cuda":
         facts["gpu"] = torch.cuda.get_device_name(device)
     return facts

@@ -152,7 +152,7 @@ torch::Tensor row_linear_int8(torch::Tensor x, torch::Tensor packed, torch::Tens
   const int8_t* wp = packed.data_ptr<int8_t>();
   const float* sp = scale.data_ptr<float>();
   at::BFloat16* yp = y.data_ptr<at::BFloat16>();
-  avx2_passes(M, packed.size(0), [&](int64_t t, int64_t m, int first, auto rows, auto vectors) {
+  avx2_passes<Fp32Vectors>(M, packed.size(0), [&](int64_t t, int64_t m, int first, auto rows, auto vectors) {
     int8_rows<decltype(rows)::value, decltype(vectors)::value>(xp + m * K, K, wp + t * K * TILE_OUT, first, sp,
                                                                t * TILE_OUT, N, yp + m * N, N);
   });

@@ -15,6 +15,7 @@ std::string row_linear_bf16_unit();
 torch::Tensor pack_int4(torch::Tensor codes, torch::Tensor scale, torch::Tensor low);
 torch::Tensor row_linear_int4(torch::Tensor x, torch::Tensor packed, int64_t N);
 bool row_linear_int4_available();
+std::string row_linear_int4_inputs();
 torch::Tensor pack_int8(torch::Tensor codes);
 torch::Tensor row_linear_int8(torch::Tensor x, torch::Tensor packed, torch::Tensor scale, int64_t N);
 bool row_linear_int8_available();
@@ -40,6 +41,8 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, module) {
   module.def("row_linear_int4", &row_linear_int4, "Row-invariant linear layer over packed 4-bit weights and bf16 inputs (CPU)");
   module.def("row_linear_int4_available", &row_linear_int4_available,
              "Whether row_linear_int4 was built (it needs AVX2)");
+  module.def("row_linear_int4_inputs", &row_linear_int4_inputs,
+             "How row_linear_int4 takes its inputs: bf16 (AVX-512 BF16, AMX), int8 (AVX2: 8-bit codes per group of 32) or none");
   module.def("pack_int8", &pack_int8, "8-bit codes in row_linear_int8's layout");
   module.def("row_linear_int8", &row_linear_int8, "Row-invariant linear layer over packed 8-bit weights and bf16 inputs (CPU)");
   module.def("row_linear_int8_available", &row_linear_int8_available, "Whether row_linear_int8 was built (it needs AVX2)");

@@ -126,6 +126,16 @@ def pack_int4(codes: Tensor, scale: Tensor, low: Tensor) -> Tensor | None:
     return module.pack_int4(codes, scale, low) if module is not None and module.row_linear_int4_available() else None
 
 
+def int4_inputs() -> str:
+    """How our int4 kernel multiplies here: "bf16" (the inputs as they are, exact products: AVX-512
+    BF16 or AMX), "int8" (AVX2 alone: the inputs rounded to 8-bit codes per group of 32 inputs, scale
+    max |x| / 127, and integer products, as llama.cpp's CPU kernels do) or "torch" (torch's kernel)."""
+    module = _load()
+    if module is None or not module.row_linear_int4_available():
+        return "torch"
+    return module.row_linear_int4_inputs()
+
+
 def row_linear_int4(x: Tensor, packed: Tensor, out_features: int) -> Tensor:
     """x [M, K] bf16 @ W^T with W packed by `pack_int4`, row-invariant for any M; bf16 [M, N]."""
     return _load().row_linear_int4(x, packed, out_features)

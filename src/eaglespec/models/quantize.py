@@ -8,7 +8,8 @@ fewer bytes than bf16.
   weights. Other groups are rounded to the nearest of 16 levels between their min and max. Our
   kernel multiplies them (`kernels.row_linear_int4`: scale and low in fp16, as GGUF stores d and m;
   the codes read once per call for all rows: with AMX or AVX-512 BF16 a draft tree costs little
-  more than one token, with AVX2 alone the products' cost grows with the rows); without AVX2
+  more than one token; with AVX2 alone the inputs are rounded to 8-bit codes per group of 32, as
+  llama.cpp does, and multiplied as integers, whose cost grows with the rows); without AVX2
   torch's (`_weight_int4pack_mm_for_cpu`, over w = (q - 8) * scale + offset with bf16 scales and
   offsets).
 - `int8`: one scale per output row, w = q * scale with q in -127..127: our kernel
@@ -21,8 +22,8 @@ reads one row). Losslessness is relative to vanilla decoding with the same weigh
 decoding changes nothing about which weights run.
 
 The kernels take bf16 activations (torch's fp32 path is about 10x slower on CPUs, measured on an
-AVX2 machine) and return bf16: a quantized linear takes its input in bf16 and returns the model's
-dtype. torch's kernels also use bf16 scales, roundings of the GGUF's fp16 ones.
+AVX2 machine; `kernels.int4_inputs()` says how int4 multiplies them) and return bf16: a quantized
+linear takes its input in bf16 and returns the model's dtype. torch's kernels also use bf16 scales, roundings of the GGUF's fp16 ones.
 """
 
 from __future__ import annotations

@@ -363,7 +363,7 @@ torch::Tensor row_linear_bf16(torch::Tensor x, torch::Tensor packed, int64_t N, 
   const float* xp = xf.data_ptr<float>();
   const at::BFloat16* wp = packed.data_ptr<at::BFloat16>();
   at::BFloat16* yp = y.data_ptr<at::BFloat16>();
-  avx2_passes(M, packed.size(0), [&](int64_t t, int64_t m, int first, auto rows, auto vectors) {
+  avx2_passes<Fp32Vectors>(M, packed.size(0), [&](int64_t t, int64_t m, int first, auto rows, auto vectors) {
     bf16_rows<decltype(rows)::value, decltype(vectors)::value>(xp + m * K, K, wp + t * BF16_TILE * K, first, bp,
                                                                t * BF16_TILE, N, yp + m * N, N);
   });

@@ -16,7 +16,6 @@ import json
 import math
 import os
 import shutil
-import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
@@ -29,6 +28,7 @@ from eaglespec.errors import EaglespecError, InvalidArgumentError
 from eaglespec.files import check_manifest
 from eaglespec.heads.head import check_aux_layers
 from eaglespec.models.load import Target
+from eaglespec.timing import work_seconds
 from eaglespec.training.data import Conversation, ReadReport, is_held_out, read_conversations, render
 
 LOGIT_CHUNK = 256  # rows of LM-head logits computed at once
@@ -129,7 +129,8 @@ def target_outputs(target: Target, ids: list[int], aux_layers: tuple[int, ...] =
 
 
 def _write_shard(path: Path, rows: list[dict[str, torch.Tensor]], seconds: float) -> None:
-    """One shard, atomically; its metadata keeps the wall seconds its extraction took."""
+    """One shard, atomically; its metadata keeps the seconds its extraction took (`work_seconds`:
+    CPU time per thread on a CPU)."""
     lengths = [len(r["tokens"]) for r in rows]
     tensors = {key: torch.cat([r[key] for r in rows]) for key in rows[0]}
     tensors["offsets"] = torch.tensor([0, *lengths], dtype=torch.int64).cumsum(0)
@@ -199,7 +200,7 @@ def extract(target: Target, config: ExtractConfig, out: Path, rank: int = 0, wor
                desc=f"extracting {config.split}", disable=rank != 0)
     skipped = reused = 0
     for k in todo:
-        rows, shard_start = [], time.monotonic()
+        rows, shard_start = [], work_seconds(target.model.weight_like.device)
         rendered = [render(target.tokenizer, c, config.max_len)
                     for c in conversations[k * config.shard_size:(k + 1) * config.shard_size]]
         kept = [(ids, mask) for ids, mask in rendered if sum(mask[1:]) > 0 and len(ids) >= 2]
@@ -216,7 +217,8 @@ def extract(target: Target, config: ExtractConfig, out: Path, rank: int = 0, wor
                          "loss_mask": torch.tensor(mask, dtype=torch.uint8),
                          **target_outputs(target, ids, config.aux_layers)})
         if rows:
-            _write_shard(out / f"shard-{k:05d}.safetensors", rows, time.monotonic() - shard_start)
+            _write_shard(out / f"shard-{k:05d}.safetensors", rows,
+                         work_seconds(target.model.weight_like.device) - shard_start)
         else:
             (out / f"shard-{k:05d}.safetensors").touch()  # an empty shard: nothing to redo
     bar.close()
@@ -235,7 +237,7 @@ class FeatureSet:
         self.manifest = json.loads((folder / "manifest.json").read_text())
         files = [f for f in files if f.stat().st_size > 0]
         self.shards = [load_file(str(f)) for f in files]
-        self.seconds = 0.0  # wall time of the extraction (shards written before it was recorded: 0)
+        self.seconds = 0.0  # what the extraction took (`work_seconds`; shards from before it was recorded: 0)
         for f in files:
             with safe_open(str(f), "pt") as shard:
                 self.seconds += float((shard.metadata() or {}).get("seconds", 0))

@@ -30,6 +30,7 @@ from eaglespec.errors import InvalidArgumentError
 from eaglespec.heads.checkpoint import load_head, save_head
 from eaglespec.heads.head import HEAD_TYPES, DraftHead, check_aux_layers, make_head
 from eaglespec.models.load import load_target
+from eaglespec.timing import work_seconds
 from eaglespec.training.evaluate import evaluate, head_inputs, head_tokens
 from eaglespec.training.features import FeatureSet
 from eaglespec.training.objectives import DEFAULT_LOSS, parse_loss, position_losses
@@ -265,16 +266,8 @@ def train(config: TrainConfig, log=print) -> State:
         state = State(**saved["state"])
         log(f"resuming at epoch {state.epoch + 1}, step {state.step}")
 
-    def clock() -> float:
-        """The run's clock. On a CPU: the process's CPU time per thread, which equals wall time on a
-        quiet machine and does not count the time other processes take from it, so runs sharing
-        the CPU still get equal budgets; on a GPU: wall time."""
-        if device.type == "cuda":
-            return time.monotonic()
-        return time.process_time() / torch.get_num_threads()
-
     def elapsed() -> float:
-        return base_seconds + clock() - started
+        return base_seconds + work_seconds(device) - started
 
     def training_seconds() -> float:  # what a time budget counts: evaluations excluded
         return elapsed() - state.evaluating
@@ -295,7 +288,7 @@ def train(config: TrainConfig, log=print) -> State:
             dist.broadcast(decision, 0)
         return float(decision[0]), bool(decision[1])
 
-    started, base_seconds, wall_start = clock(), state.seconds, time.monotonic()
+    started, base_seconds, wall_start = work_seconds(device), state.seconds, time.monotonic()
     bar = tqdm(total=per_epoch * config.epochs, initial=state.step, unit="step", desc="training",
                disable=rank != 0)
     try:
