@@ -109,9 +109,9 @@ def quantized_case(kind: str, N: int, K: int, g: torch.Generator):
 
 
 def kernel_inputs(kind: str, x: torch.Tensor) -> torch.Tensor:
-    """x [M, K] bf16 as our kernel multiplies it (fp32): as it is, or with AVX2 alone int4's 8-bit
+    """x [M, K] bf16 as our `kind` kernel multiplies it (fp32): as it is, or with AVX2 alone its 8-bit
     codes per group of 32 inputs (scale max |x| / 127, nearest even) times their scale."""
-    if kind != "int4" or kernels.int4_inputs() != "int8":
+    if kernels.quantized_inputs(kind) != "int8":
         return x.float()
     groups = x.float().view(x.shape[0], -1, 32)
     amax = groups.abs().amax(-1, keepdim=True)
@@ -149,6 +149,9 @@ def test_the_kernel_declines_what_it_does_not_run():
     assert row_linear(torch.randn(2, 64), w, None) is None  # training: torch's linear keeps the graph
     with torch.no_grad():
         assert row_linear(torch.randn(2, 64), w, None) is not None
+    if kernels.quantized_inputs("int8") == "int8":  # inputs rounded in groups of 32: torch's kernel for K = 40
+        assert kernels.pack_int8(torch.zeros(8, 40, dtype=torch.int8)) is None
+        assert kernels.pack_int8(torch.zeros(8, 64, dtype=torch.int8)) is not None
 
 
 def close(y, ref, dtype):

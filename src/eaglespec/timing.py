@@ -10,7 +10,7 @@ from pathlib import Path
 
 import torch
 
-from eaglespec.models.kernels import bf16_linear_unit, int4_inputs
+from eaglespec.models.kernels import bf16_linear_unit, quantized_inputs
 
 
 class Clock:
@@ -55,7 +55,7 @@ def machine(device: torch.device | str = "cpu") -> dict:
              "python": platform.python_version()}
     if torch.device(device).type == "cpu":
         facts["bf16_linears"] = bf16_linear_unit()  # what verifying a tree costs there depends on it most
-        facts["int4_inputs"] = int4_inputs()
+        facts["quantized_inputs"] = {kind: quantized_inputs(kind) for kind in ("int4", "int8")}
     if torch.device(device).type == "cuda":
         facts["gpu"] = torch.cuda.get_device_name(device)
     return facts

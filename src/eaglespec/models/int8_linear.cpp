@@ -7,12 +7,21 @@
 // A tile of 64 outputs is read once per call for all rows (up to four rows sharing each code vector,
 // while the tile sits in cache), so a forward over a draft tree costs little more than over one token.
 //
-// Layout (`pack_int8`): for each tile of 64 outputs, per input k, the 64 outputs' codes side by side.
+// On CPUs with AVX2 alone the products are integer instead: each row's inputs become 8-bit codes per
+// group of 32 (scale max |x| / 127, as llama.cpp's CPU kernels quantize activations; see avx2.h) and
+// vpmaddubsw multiplies them with the weight codes, four inputs an output at a time. Fewer operations
+// a weight than converting every code to a float; the rounding of the inputs is each row's own, so
+// that path is row-invariant too.
+//
+// Layout (`pack_int8`): for each tile of 64 outputs, per input k, the 64 outputs' codes side by side;
+// on the AVX2 path per four inputs k .. k + 3, the 64 outputs' four codes side by side.
 
 #include <torch/extension.h>
 #include <ATen/Parallel.h>
 
 #include <cstdint>
+#include <cstring>
+#include <string>
 
 #include "avx2.h"
 #include "row_groups.h"
@@ -23,12 +32,22 @@ constexpr int64_t TILE_OUT = 64;
 
 }  // namespace
 
+// The AVX2 path multiplies integers four inputs at a time: its layout keeps each output's four
+// consecutive inputs side by side.
+#if !(defined(__AVX512F__) && defined(__AVX512BW__) && defined(__AVX512VL__)) && defined(__AVX2__)
+constexpr bool QUADS = true;
+#else
+constexpr bool QUADS = false;
+#endif
+
 // codes [N, K] int8 -> the kernel's layout [ceil(N / 64), K, 64] int8 (outputs past N get zero codes).
 torch::Tensor pack_int8(torch::Tensor codes) {
   TORCH_CHECK(codes.dim() == 2 && codes.scalar_type() == torch::kChar, "pack_int8: int8 codes [N, K]");
   const int64_t N = codes.size(0), K = codes.size(1), T = (N + TILE_OUT - 1) / TILE_OUT;
+  TORCH_CHECK(!QUADS || K % 32 == 0, "pack_int8: K % 32 == 0 on this CPU (inputs rounded in groups of 32)");
   auto padded = torch::zeros({T * TILE_OUT, K}, codes.options());
   padded.narrow(0, 0, N).copy_(codes);
+  if (QUADS) return padded.view({T, TILE_OUT, K / 4, 4}).permute({0, 2, 1, 3}).contiguous().view({T, K, TILE_OUT});
   return padded.view({T, TILE_OUT, K}).permute({0, 2, 1}).contiguous();
 }
 
@@ -109,26 +128,49 @@ torch::Tensor row_linear_int8(torch::Tensor x, torch::Tensor packed, torch::Tens
 
 bool row_linear_int8_available() { return true; }
 
-#elif defined(__AVX2__)  // the same chains and rounding in 8-lane vectors (see avx2.h), so by construction
-                         // the same numbers as above (not compared on one machine: none has both paths)
+std::string row_linear_int8_inputs() { return "bf16"; }
+
+#elif defined(__AVX2__)  // 8-bit activations and integer products (see avx2.h)
 
 namespace {
 
-// R rows (fp32) against V vectors of 8 outputs of a tile, from vector `first` on.
+constexpr int64_t PREFETCH = 2048;  // bytes ahead of the code stream
+
+// R rows against V vectors of 8 outputs of a tile, from vector `first` on. Per output and group of
+// 32 inputs, the integer sum a = sum c[k] q[k] of the row's 8-bit codes c times the weight codes q
+// (vpmaddubsw over |q| and c with q's sign: two products a 16-bit lane, at most 2 x 127 x 127, then
+// 32-bit sums of an output's four inputs), then out += d a, d the row's group scale; y = scale out.
 template <int R, int V>
-__attribute__((noinline)) void int8_rows(const float* x, int64_t K, const int8_t* tile, int first, const float* scale,
-                                         int64_t n0, int64_t N, at::BFloat16* y, int64_t ldy) {
-  __m256 acc[R][V];
-  for (int r = 0; r < R; ++r)
-    for (int v = 0; v < V; ++v) acc[r][v] = _mm256_setzero_ps();
-  for (int64_t k = 0; k < K; ++k) {
-    const int8_t* codes = tile + k * TILE_OUT + first * 8;
-    _mm_prefetch(reinterpret_cast<const char*>(codes) + 1024, _MM_HINT_T0);
-    __m256 xb[R];
-    for (int r = 0; r < R; ++r) xb[r] = _mm256_broadcast_ss(x + r * K + k);
-    for (int v = 0; v < V; ++v) {
-      const __m256 w = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(codes + 8 * v))));
-      for (int r = 0; r < R; ++r) acc[r][v] = _mm256_fmadd_ps(xb[r], w, acc[r][v]);
+__attribute__((noinline)) void int8_rows(const int8_t* codes_x, const float* scale_x, int64_t K, const int8_t* tile,
+                                         int first, const float* scale, int64_t n0, int64_t N, at::BFloat16* y,
+                                         int64_t ldy) {
+  alignas(32) float out[R][V][8] = {};
+  const __m256i ones = _mm256_set1_epi16(1);
+  const int64_t G = K / 32;
+  for (int64_t g = 0; g < G; ++g) {
+    __m256i acc[R][V];
+    for (int r = 0; r < R; ++r)
+      for (int v = 0; v < V; ++v) acc[r][v] = _mm256_setzero_si256();
+    for (int64_t quad = 8 * g; quad < 8 * g + 8; ++quad) {
+      const int8_t* codes = tile + quad * 4 * TILE_OUT + first * 32;
+      for (int l = 0; l < V * 32; l += 64) _mm_prefetch(reinterpret_cast<const char*>(codes) + PREFETCH + l, _MM_HINT_T0);
+      __m256i xb[R];
+      for (int r = 0; r < R; ++r) {
+        int32_t four;
+        std::memcpy(&four, codes_x + r * K + 4 * quad, 4);
+        xb[r] = _mm256_set1_epi32(four);
+      }
+      for (int v = 0; v < V; ++v) {
+        const __m256i w = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(codes + 32 * v));
+        const __m256i magnitude = _mm256_abs_epi8(w);
+        for (int r = 0; r < R; ++r)
+          acc[r][v] = _mm256_add_epi32(acc[r][v], _mm256_madd_epi16(_mm256_maddubs_epi16(magnitude, _mm256_sign_epi8(xb[r], w)), ones));
+      }
+    }
+    for (int r = 0; r < R; ++r) {
+      const __m256 d = _mm256_set1_ps(scale_x[r * G + g]);
+      for (int v = 0; v < V; ++v)
+        _mm256_store_ps(out[r][v], _mm256_fmadd_ps(_mm256_cvtepi32_ps(acc[r][v]), d, _mm256_load_ps(out[r][v])));
     }
   }
   for (int v = 0; v < V; ++v) {
@@ -137,7 +179,7 @@ __attribute__((noinline)) void int8_rows(const float* x, int64_t K, const int8_t
     const int64_t width = N - c0 < 8 ? N - c0 : 8;
     alignas(32) float s[8] = {0, 0, 0, 0, 0, 0, 0, 0};
     for (int64_t i = 0; i < width; ++i) s[i] = scale[c0 + i];
-    for (int r = 0; r < R; ++r) store_bf16(y + r * ldy + c0, _mm256_mul_ps(acc[r][v], _mm256_load_ps(s)), width);
+    for (int r = 0; r < R; ++r) store_bf16(y + r * ldy + c0, _mm256_mul_ps(_mm256_load_ps(out[r][v]), _mm256_load_ps(s)), width);
   }
 }
 
@@ -146,20 +188,24 @@ __attribute__((noinline)) void int8_rows(const float* x, int64_t K, const int8_t
 torch::Tensor row_linear_int8(torch::Tensor x, torch::Tensor packed, torch::Tensor scale, int64_t N) {
   check_int8_operands(x, packed, scale, N);
   const int64_t M = x.size(0), K = x.size(1);
-  auto xf = x.to(torch::kFloat).contiguous();  // exact
+  TORCH_CHECK(K % 32 == 0, "row_linear_int8: K % 32 == 0 (its inputs are rounded in groups of 32)");
+  auto xc = x.contiguous();
+  const Int8Rows xq(xc.data_ptr<at::BFloat16>(), M, K);
   auto y = torch::empty({M, N}, x.options());
-  const float* xp = xf.data_ptr<float>();
   const int8_t* wp = packed.data_ptr<int8_t>();
   const float* sp = scale.data_ptr<float>();
   at::BFloat16* yp = y.data_ptr<at::BFloat16>();
   avx2_passes<Fp32Vectors>(M, packed.size(0), [&](int64_t t, int64_t m, int first, auto rows, auto vectors) {
-    int8_rows<decltype(rows)::value, decltype(vectors)::value>(xp + m * K, K, wp + t * K * TILE_OUT, first, sp,
-                                                               t * TILE_OUT, N, yp + m * N, N);
+    int8_rows<decltype(rows)::value, decltype(vectors)::value>(xq.codes.data() + m * K, xq.scale.data() + m * (K / 32), K,
+                                                               wp + t * K * TILE_OUT, first, sp, t * TILE_OUT, N,
+                                                               yp + m * N, N);
   });
   return y;
 }
 
 bool row_linear_int8_available() { return true; }
+
+std::string row_linear_int8_inputs() { return "int8"; }
 
 #else  // no AVX2: int8 linears run torch's kernel (quantize.py asks first)
 
@@ -168,5 +214,7 @@ torch::Tensor row_linear_int8(torch::Tensor x, torch::Tensor packed, torch::Tens
 }
 
 bool row_linear_int8_available() { return false; }
+
+std::string row_linear_int8_inputs() { return "none"; }
 
 #endif

@@ -19,6 +19,7 @@ std::string row_linear_int4_inputs();
 torch::Tensor pack_int8(torch::Tensor codes);
 torch::Tensor row_linear_int8(torch::Tensor x, torch::Tensor packed, torch::Tensor scale, int64_t N);
 bool row_linear_int8_available();
+std::string row_linear_int8_inputs();
 torch::Tensor rms_norm(torch::Tensor x, torch::Tensor w, double eps);
 torch::Tensor silu_mul(torch::Tensor x);
 torch::Tensor rope_store(torch::Tensor qkv, torch::Tensor cos, torch::Tensor sin, torch::Tensor k_cache,
@@ -46,6 +47,8 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, module) {
   module.def("pack_int8", &pack_int8, "8-bit codes in row_linear_int8's layout");
   module.def("row_linear_int8", &row_linear_int8, "Row-invariant linear layer over packed 8-bit weights and bf16 inputs (CPU)");
   module.def("row_linear_int8_available", &row_linear_int8_available, "Whether row_linear_int8 was built (it needs AVX2)");
+  module.def("row_linear_int8_inputs", &row_linear_int8_inputs,
+             "How row_linear_int8 takes its inputs: bf16 (AVX-512), int8 (AVX2: 8-bit codes per group of 32) or none");
   module.def("rms_norm", &rms_norm, "RMSNorm, one call (CPU)");
   module.def("silu_mul", &silu_mul, "silu(gate) * up over the halves of the last axis, one call (CPU)");
   module.def("rope_store", &rope_store, "Rotary embedding of q and k and the cache write of k and v, one call (CPU)");

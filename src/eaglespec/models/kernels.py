@@ -126,14 +126,15 @@ def pack_int4(codes: Tensor, scale: Tensor, low: Tensor) -> Tensor | None:
     return module.pack_int4(codes, scale, low) if module is not None and module.row_linear_int4_available() else None
 
 
-def int4_inputs() -> str:
-    """How our int4 kernel multiplies here: "bf16" (the inputs as they are, exact products: AVX-512
-    BF16 or AMX), "int8" (AVX2 alone: the inputs rounded to 8-bit codes per group of 32 inputs, scale
-    max |x| / 127, and integer products, as llama.cpp's CPU kernels do) or "torch" (torch's kernel)."""
+def quantized_inputs(kind: str) -> str:
+    """How our `kind` ("int4" or "int8") kernel multiplies here: "bf16" (the inputs as they are, exact
+    products: AVX-512, AMX), "int8" (AVX2 alone: the inputs rounded to 8-bit codes per group of 32
+    inputs, scale max |x| / 127, and integer products, as llama.cpp's CPU kernels do) or "torch"
+    (torch's kernel)."""
     module = _load()
-    if module is None or not module.row_linear_int4_available():
+    if module is None or not getattr(module, f"row_linear_{kind}_available")():
         return "torch"
-    return module.row_linear_int4_inputs()
+    return getattr(module, f"row_linear_{kind}_inputs")()
 
 
 def row_linear_int4(x: Tensor, packed: Tensor, out_features: int) -> Tensor:
@@ -144,7 +145,11 @@ def row_linear_int4(x: Tensor, packed: Tensor, out_features: int) -> Tensor:
 def pack_int8(codes: Tensor) -> Tensor | None:
     """8-bit codes [N, K] in the layout of our int8 kernel, where this CPU runs it (AVX2), else None."""
     module = _load() if codes.device.type == "cpu" else None
-    return module.pack_int8(codes) if module is not None and module.row_linear_int8_available() else None
+    if module is None or not module.row_linear_int8_available():
+        return None
+    if module.row_linear_int8_inputs() == "int8" and codes.shape[1] % 32:  # it rounds inputs in groups of 32
+        return None
+    return module.pack_int8(codes)
 
 
 def row_linear_int8(x: Tensor, packed: Tensor, scale: Tensor, out_features: int) -> Tensor:

@@ -13,8 +13,9 @@ fewer bytes than bf16.
   torch's (`_weight_int4pack_mm_for_cpu`, over w = (q - 8) * scale + offset with bf16 scales and
   offsets).
 - `int8`: one scale per output row, w = q * scale with q in -127..127: our kernel
-  (`kernels.row_linear_int8`: fp32 scales, the codes read once per call for all rows; AVX-512 and
-  AVX2 do the same operations in the same order), without AVX2 torch's (`_weight_int8pack_mm`, bf16 scales).
+  (`kernels.row_linear_int8`: fp32 scales, the codes read once per call for all rows; with AVX2
+  alone the inputs rounded to 8-bit codes per group of 32 and integer products, as for int4), without
+  AVX2 (or there with inputs not a multiple of 32) torch's (`_weight_int8pack_mm`, bf16 scales).
 
 With `int4` the decoder layers are 4-bit and the LM head (often the embedding, and 8-bit or wider in
 GGUF files) is int8; with `int8` all of them are int8. The embedding table stays dense (a lookup
@@ -22,7 +23,7 @@ reads one row). Losslessness is relative to vanilla decoding with the same weigh
 decoding changes nothing about which weights run.
 
 The kernels take bf16 activations (torch's fp32 path is about 10x slower on CPUs, measured on an
-AVX2 machine; `kernels.int4_inputs()` says how int4 multiplies them) and return bf16: a quantized
+AVX2 machine; `kernels.quantized_inputs` says how int4 and int8 multiply them) and return bf16: a quantized
 linear takes its input in bf16 and returns the model's dtype. torch's kernels also use bf16 scales, roundings of the GGUF's fp16 ones.
 """
 
