@@ -13,7 +13,7 @@ import torch
 
 from eaglespec.decoding.generate import generate
 from eaglespec.decoding.methods import Eagle, PromptLookup, parse_method
-from eaglespec.decoding.prompt_lookup import PromptLookupProposer
+from eaglespec.decoding.prompt_lookup import ChainSize, PromptLookupProposer
 from eaglespec.errors import InvalidArgumentError
 from eaglespec.heads.head import Eagle3Head, EagleHead
 
@@ -24,14 +24,15 @@ PROMPTS = [
 ]
 TREES = ["eagle1", "chain:4", "dynamic:topk=3,depth=4,tokens=10", "auto"]
 METHODS = [*(f"eagle:{t}" for t in TREES), "eagle-random:eagle1", "eagle-random:auto", "eagle3-random:eagle1",
-           "eagle3-exit:eagle1", "eagle3-exit:auto", "sps:3", "pld:6"]
+           "eagle3-exit:eagle1", "eagle3-exit:auto", "sps:3", "pld:6", "pld"]
 
 
 @pytest.fixture(autouse=True)
 def auto_drafts_every_round(monkeypatch):
-    """`auto` trees draft in every round here: where drafting rounds measure slower than plain ones
-    they decode plainly (a matter of the machine's timing, tested in test_eagle.py), and these
-    tests must exercise the drafting path."""
+    """`auto` trees draft in every round here, and sized prompt lookup drafts 0, 1, 2, ... of its
+    match's tokens in turn: where drafting rounds measure slower than plain ones they decode
+    plainly (a matter of the machine's timing, tested in test_eagle.py and with given costs
+    below), and these tests must exercise the drafting path."""
     from eaglespec.decoding.eagle import AutoSize
 
     start_round = AutoSize.start_round
@@ -40,7 +41,12 @@ def auto_drafts_every_round(monkeypatch):
         start_round(self, now)
         self.drafting = True
 
+    def in_turn(self, available):
+        self.sizes.append(len(self.sizes) % (available + 1))
+        return self.sizes[-1]
+
     monkeypatch.setattr(AutoSize, "start_round", drafting)
+    monkeypatch.setattr(ChainSize, "size", in_turn)
 
 
 @pytest.fixture(scope="module")
@@ -204,9 +210,26 @@ def test_prompt_lookup_drafts_the_latest_longest_match():
     assert len(pld.propose(3)) == 0
 
 
+def test_sized_prompt_lookup_verifies_what_pays_on_the_cost_curve(monkeypatch):
+    history = [5, 6, 7, 8, 9, 10, 11, 5]  # [5] recurs: the match is 6 .. 11
+    flat = [0.0] + [1.0 + 0.001 * n for n in range(1, 12)]  # a forward of 11 tokens costs about one token
+    steep = [0.0] + [float(n) for n in range(1, 12)]  # forwards cost in proportion to their tokens
+    monkeypatch.undo()  # (the autouse fixture's sizes in turn)
+    pld = PromptLookupProposer(num_tokens=6, verify_costs=flat)
+    pld.start(history, None)
+    assert pld.propose(10).tokens == [6, 7, 8, 9, 10, 11]  # worth verifying whole
+    pld.accept([6, 7, 8, 12], None)  # three accepted, the fourth rejected
+    assert pld.sizing.tried[:5] == [2, 2, 2, 2, 1] and pld.sizing.hits[:5] == [1.5, 1.5, 1.5, 0.5, 0.5]
+    pld = PromptLookupProposer(num_tokens=6, verify_costs=steep)
+    pld.start(history, None)
+    sizes = [len(pld.propose(10)) for _ in range(ChainSize.PROBE)]
+    assert sizes == [0] * (ChainSize.PROBE - 1) + [1]  # plain rounds; the eighth drafts one token to measure
+    assert "0 of" not in pld.describe() and pld.describe().startswith("pld:auto<=6")
+
+
 def test_method_specs_and_bad_methods(shipped, smollm2_draft):
     assert parse_method("vanilla") is None
-    assert parse_method("pld") == PromptLookup(10) and parse_method("pld:4") == PromptLookup(4)
+    assert parse_method("pld") == PromptLookup(10, sized=True) and parse_method("pld:4") == PromptLookup(4)
     assert parse_method("sps:2", draft=smollm2_draft).num_tokens == 2
     assert parse_method("eagle:chain:3", shipped).tree == "chain:3"
     for bad, message in [("medusa", "unknown method"), ("pld:0", "K >= 1"), ("sps:x", "K >= 1"),

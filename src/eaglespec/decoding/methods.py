@@ -6,7 +6,8 @@ proposer per generation. No method (None) is vanilla decoding.
 
     eagle[:TREE]   EAGLE head drafting a tree (TREE: see `decoding.tree.parse_tree`; default auto)
     sps[:K]        classic speculative sampling: a smaller draft model drafts a chain of K (4)
-    pld[:K]        prompt lookup: a chain of K (10) tokens copied from the prompt and output
+    pld[:K]        prompt lookup: a chain of tokens copied from the prompt and output, as much of it
+                   as pays on this machine up to 10 tokens, or with K always up to K
 """
 
 from __future__ import annotations
@@ -57,13 +58,15 @@ class DraftModel:
 class PromptLookup:
     num_tokens: int = 10
     max_ngram: int = 2
+    sized: bool = False  # verify as much of each match as pays here (`pld`), not all of it (`pld:K`)
     name = "pld"
 
     def __post_init__(self):
         PromptLookupProposer(self.num_tokens, self.max_ngram)  # checks the numbers
 
     def bind(self, target, params: SamplingParams):
-        return lambda draws, capacity: PromptLookupProposer(self.num_tokens, self.max_ngram)
+        costs = target.model.verify_costs() if self.sized else None  # measured once per model
+        return lambda draws, capacity: PromptLookupProposer(self.num_tokens, self.max_ngram, costs)
 
 
 Method = Eagle | DraftModel | PromptLookup
@@ -99,7 +102,7 @@ def parse_method(spec: str, head=None, draft=None) -> Method | None:
                 "eaglespec.load(model, head='default')")
         return Eagle(head, arg or "auto")
     if name == "pld":
-        return PromptLookup(int(arg)) if arg else PromptLookup()
+        return PromptLookup(int(arg)) if arg else PromptLookup(sized=True)
     if draft is None:
         raise InvalidArgumentError(
             "method 'sps' needs a draft model with the target's tokenizer: --draft-model NAME, or "
