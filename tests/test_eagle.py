@@ -95,15 +95,16 @@ def test_auto_decodes_plainly_where_drafting_rounds_are_slower_and_probes_again(
 
     auto = AutoSize([0.0, 0.010, 0.012])  # one token verified in 10 ms: 100 tokens/s to beat
     drafting, now = [], 0.0
-    for _ in range(30):
+    for _ in range(100):
         auto.start_round(now)
         drafting.append(auto.drafting)
         now += 0.040 if auto.drafting else 0.010  # a drafting round: 2 tokens in 40 ms (50 tokens/s)
         auto.finish_round(2 if auto.drafting else 1)
     # the first two rounds draft (the first one's head pass over the prompt is not measured), then
-    # plain rounds, one drafting round in PROBE
+    # plain rounds, a drafting round after PROBE, twice as many, ... up to MAX_PROBE
     assert drafting[:3] == [True, True, False]
-    assert [i for i, d in enumerate(drafting) if d][2:] == list(range(1 + AutoSize.PROBE, 30, AutoSize.PROBE))
+    assert (AutoSize.PROBE, AutoSize.MAX_PROBE) == (8, 32)
+    assert [i for i, d in enumerate(drafting) if d] == [0, 1, 9, 25, 57, 89]
 
 
 def test_auto_rounds_without_a_draft_keep_the_output(smollm2, shipped, monkeypatch):

@@ -194,10 +194,11 @@ class AutoSize:
     drafting stops deepening once the next level's expected tokens are worth less than its time.
     Where even the best tree pays less than plain decoding (the measured tokens/s of drafting
     rounds below that of rounds without a draft, as on CPUs whose forwards cost in proportion to
-    their tokens), rounds decode plainly, one in PROBE drafting again to measure anew.
+    their tokens), rounds decode plainly, one in PROBE drafting again to measure anew; each probe
+    that finds drafting still slower doubles the wait, up to MAX_PROBE rounds.
     """
 
-    PROBE = 8
+    PROBE, MAX_PROBE = 8, 32
 
     def __init__(self, verify_costs: list[float]):
         self.costs = torch.tensor(verify_costs, dtype=torch.float64)
@@ -206,6 +207,7 @@ class AutoSize:
         self.plain_rate = self.rate  # tokens/s of rounds without a draft
         self.drafting = True  # whether this round drafts
         self.plain_rounds = 0  # rounds without a draft since the last drafting one
+        self.probe = self.PROBE  # a drafting round after this many rounds (plain ones before it)
         self.plain_total = 0
         self.rounds = 0
         self.level_time = 0.0  # the last draft level's seconds
@@ -222,8 +224,12 @@ class AutoSize:
                 self.rate = 0.8 * self.rate + 0.2 * rate
             else:
                 self.plain_rate = 0.8 * self.plain_rate + 0.2 * rate
+        if self.rate >= self.plain_rate:
+            self.probe = self.PROBE
+        elif self.drafting and self.plain_rounds >= self.probe - 1:  # a probe found drafting still slower
+            self.probe = min(2 * self.probe, self.MAX_PROBE)
         self.plain_rounds = 0 if self.drafting else self.plain_rounds + 1
-        self.drafting = self.rate >= self.plain_rate or self.plain_rounds >= self.PROBE - 1
+        self.drafting = self.rate >= self.plain_rate or self.plain_rounds >= self.probe - 1
         self.plain_total += not self.drafting
         self.round_start, self.round_tokens = now, 0
 
