@@ -127,4 +127,4 @@ def test_auto_rounds_without_a_draft_keep_the_output(smollm2, shipped, monkeypat
     # the sizing counted every accepted draft token (plain rounds accept none) but the last round's,
     # which ends the generation before the proposer hears of it
     missed = (out.new_tokens - out.target_forwards) - (made[-1].accepted - 1)
-    assert 0 <= missed <= out.accepted_lengths[-1] - 1
+    assert 0 <= missed <= len(out.accepted_lengths) - 1  # at most the most any round accepted
