@@ -279,8 +279,8 @@ namespace {
 // R rows against V vectors of 16 outputs of a tile, from vector `first` on. Per output and group,
 // the integer sum a = sum c[k] q[k] of the row's 8-bit codes c times the weight codes q (vpmaddubsw:
 // two products a 16-bit lane, exact, then 16-bit sums over 8 input pairs, at most 8 x 2 x 15 x 127 =
-// 30480: no overflow; the two halves of the group added as 32-bit numbers), then
-// out += (scale d) a + low s, d the row's group scale and s = d sum c its sum of rounded inputs. In the layout a pair's
+// 30480: no overflow; the two halves of the group added as 32-bit numbers), then out += (scale d) a
+// + low s, d the row's group scale and s = d sum c its sum of rounded inputs. In the layout a pair's
 // codes of outputs 16 u .. 16 u + 15 are the low (u even) or high (u odd) nibbles of 32 bytes,
 // inputs alternating: the byte pairs vpmaddubsw multiplies with the row's two codes.
 template <int R, int V>
