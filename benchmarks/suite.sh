@@ -14,8 +14,8 @@ cd "$(dirname "$0")/.."
 ONLY=${1:-}
 OUT=benchmarks/results/bench
 mkdir -p "$OUT"
-SMALL="vanilla,eagle,eagle:chain:4,eagle:eagle1,eagle:dynamic,pld,hf,hf-pld,llama.cpp,llama.cpp-ngram"
-FLAGSHIP="vanilla,eagle,eagle:chain:4,sps:2,sps:3,sps:4,sps:5,sps:6,sps:7,sps:8,pld,hf,hf-assisted,hf-pld,llama.cpp,llama.cpp-ngram,llama.cpp-draft"
+SMALL="vanilla,eagle,eagle:chain:4,eagle:eagle1,eagle:dynamic,pld,pld:10,hf,hf-pld,llama.cpp,llama.cpp-ngram"
+FLAGSHIP="vanilla,eagle,eagle:chain:4,sps:2,sps:3,sps:4,sps:5,sps:6,sps:7,sps:8,pld,pld:10,hf,hf-assisted,hf-pld,llama.cpp,llama.cpp-ngram,llama.cpp-draft"
 
 run() {  # MODEL DATASET TEMPERATURE LIMIT METHODS
     local name="$1-$2-t$3"
