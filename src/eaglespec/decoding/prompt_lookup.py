@@ -81,13 +81,8 @@ class PromptLookupProposer:
         self.history = list(prompt_ids)
 
     def accept(self, tokens: list[int], features: Tensor) -> None:
-        if self.sizing and self.draft:
-            # the accepted draft tokens come first; the last token is the target's own
-            # (a rejected point-mass draft token is never the one drawn in its place)
-            n = 0
-            while n < min(len(self.draft), len(tokens) - 1) and tokens[n] == self.draft[n]:
-                n += 1
-            self.sizing.count(len(self.draft), n)
+        if self.sizing and self.draft:  # the accepted draft tokens, then the target's own
+            self.sizing.count(len(self.draft), len(tokens) - 1)
         self.history.extend(tokens)
 
     def propose(self, max_depth: int) -> DraftTree:
