@@ -3,6 +3,7 @@ it has not seen, with the CPU time behind every step recorded (acceptance per CP
 
     .venv/bin/python benchmarks/program.py smollm2-135m-instruct            # one stretch
     .venv/bin/python benchmarks/program.py smollm2-135m-instruct --data data/regenerated/smollm2-135m-instruct
+    .venv/bin/python benchmarks/program.py smollm2-135m-instruct --data data/regenerated/smollm2-135m-instruct --new-only
     .venv/bin/python benchmarks/program.py --report     # program.png and the README table
 
 A stretch extracts the next slice of the training split (the conversations after those of earlier
@@ -18,6 +19,9 @@ goal's text), else on human answers. Stretch 0 measures the head it starts from.
 shards, training checkpoints); a stretch should fit in one session (commit the ledger and the head
 after each). A `--data` stretch links the shards of the conversations the stretch before extracted
 from its cache where that is still there (`extract --reuse`), and counts only its new shards' time.
+With `--new-only` a `--data` stretch takes only the source's conversations after those the last
+stretch on the same source trained on, for at most NEW_ONLY_EPOCHS epochs: for a machine whose
+feature cache is gone, where extracting the whole grown source again would not fit in a session.
 """
 
 from __future__ import annotations
@@ -40,6 +44,7 @@ RESULTS = ROOT / "benchmarks" / "results" / "program"
 CACHE = Path(os.environ.get("EAGLESPEC_CACHE", Path.home() / ".cache" / "eaglespec")) / "program"
 E = str(ROOT / ".venv" / "bin" / "eaglespec")
 HELDOUT = 50  # held-out conversations scored
+NEW_ONLY_EPOCHS = 3  # a --new-only stretch's passes over its (small) slice
 # `eagle` sizes its tree by the machine's measured verify costs (what a user gets, but it moves with
 # the machine and its load); `eagle:eagle1` drafts the paper's fixed 26-node tree: its tau measures
 # the head alone, comparable from stretch to stretch.
@@ -159,7 +164,7 @@ def better(entry: dict, earlier: list[dict]) -> bool:
     return entry["chain_length"] > max(s["chain_length"] for s in earlier)
 
 
-def stretch(model: str, data: str | None) -> None:
+def stretch(model: str, data: str | None, new_only: bool = False) -> None:
     recipe = RECIPES[model]
     ledger_path = RESULTS / f"{model}.json"
     ledger = json.loads(ledger_path.read_text()) if ledger_path.is_file() else {"model": model, "stretches": []}
@@ -172,13 +177,18 @@ def stretch(model: str, data: str | None) -> None:
         entry = {"stretch": 0, "conversations": 0, "skip": 0, "extract_seconds": 0.0, "train_seconds": 0.0,
                  "note": "the head shipped before the program", **measure(model, str(head), work)}
     else:
-        # the ShareGPT slices follow each other; a --data stretch takes all of its source
+        # the ShareGPT slices follow each other; a --data stretch takes all of its source, or with
+        # --new-only what follows the conversations of the last stretch on it
         skip = sum(s["conversations"] for s in stretches if "data" not in s)
+        if data:
+            same = [s for s in stretches if s.get("data") == data]
+            skip = (same[-1].get("skip", 0) + same[-1]["conversations"]) if new_only and same else 0
         features = work / "train"
-        source = ["--data", data] if data else ["--skip", str(skip), "--limit", str(recipe["conversations"])]
+        source = (["--data", data, "--skip", str(skip)] if data
+                  else ["--skip", str(skip), "--limit", str(recipe["conversations"])])
         # a --data source grows between stretches: the shards of its conversations extracted before stay
         earlier = CACHE / model / f"stretch-{n - 1}" / "train"
-        reuse = ["--reuse", str(earlier)] if data and (earlier / "manifest.json").is_file() else []
+        reuse = ["--reuse", str(earlier)] if data and not skip and (earlier / "manifest.json").is_file() else []
         extract = [E, "extract", "--model", model, "--split", "train", *source, "--dtype", "float32",
                    "--threads", "2", "--out", str(features), *reuse]
         run(extract)
@@ -187,12 +197,14 @@ def stretch(model: str, data: str | None) -> None:
              "--threads", "2", "--out", str(heldout)])
         train = [E, "train", "--model", model, "--train-features", str(features), "--heldout-features", str(heldout),
                  "--init", str(head), "--out", str(work / "run"), "--threads", "2", *recipe["train"]]
+        if data and skip:
+            train[train.index("--epochs") + 1] = str(NEW_ONLY_EPOCHS)
         run(train)
         trained = json.loads((work / "run" / "head" / "config.json").read_text())["eaglespec"]
         from eaglespec.training.features import FeatureSet
 
         feature_set = FeatureSet(features)
-        entry = {"stretch": n, **({"data": data} if data else {"skip": skip}),
+        entry = {"stretch": n, **({"data": data} if data else {}), "skip": skip,
                  "conversations": len(feature_set) if data else recipe["conversations"],
                  "tokens": feature_set.tokens(),
                  # what the features cost (wall times of the shards extracted in this stretch) and what
@@ -266,7 +278,8 @@ def table() -> str:
         for s in ledger["stretches"]:
             data = "the starting head" if s["stretch"] == 0 else f"{s['conversations']} ({s['tokens']:,})"
             if "data" in s:
-                data = f"{s['conversations']} of the target's own answers ({s['tokens']:,})"
+                what = "new answers" if s.get("skip") else "answers"
+                data = f"{s['conversations']} of the target's own {what} ({s['tokens']:,})"
             own = s.get("alpha_own_text")
             own = f"{', '.join(f'{a:.3f}' for a in own)}; {chain_length(own):.3f}" if own else "-"
             fixed = f"{s['mt_bench_tau_eagle1']:.2f}" if "mt_bench_tau_eagle1" in s else "-"
@@ -283,6 +296,8 @@ def main() -> None:
     parser.add_argument("--report", action="store_true", help="Redraw program.png and print the README table.")
     parser.add_argument("--data", help="Train this stretch on all of this source's training conversations "
                         "(e.g. data/regenerated/MODEL, the target's own answers) instead of the next ShareGPT slice.")
+    parser.add_argument("--new-only", action="store_true",
+                        help="With --data: only the conversations after those the last stretch on the same source trained on.")
     parser.add_argument("--remeasure", nargs=2, metavar=("STRETCH", "HEAD"),
                         help="Fill in what stretch STRETCH lacks (EAGLE-1-tree tau, n-alpha on own answers) from its head folder HEAD.")
     args = parser.parse_args()
@@ -294,7 +309,9 @@ def main() -> None:
         plot()
         print(table())
     elif args.model:
-        stretch(args.model, args.data)
+        if args.new_only and not args.data:
+            parser.error("--new-only goes with --data")
+        stretch(args.model, args.data, args.new_only)
     else:
         parser.error("give a MODEL for one stretch, or --report")
 
