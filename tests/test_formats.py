@@ -119,3 +119,20 @@ def test_greedy_equals_vanilla_in_every_format(dtype, weights, spec):
         vanilla = generate(target, prompt, chat=True, max_new_tokens=40)
         out = generate(target, prompt, chat=True, max_new_tokens=40, method=method)
         assert out.token_ids == vanilla.token_ids
+
+
+@pytest.mark.parametrize("weights", ["int8", "int4"])
+def test_a_quantized_target_gets_an_int8_head_that_drafts_as_the_dense_one(weights):
+    """Beside int8/int4 targets the head's matrices are int8 too (none left dense); on the same
+    target features its draft tokens are the dense head's almost everywhere."""
+    dense, target = load("bfloat16", "dense"), load("bfloat16", weights)
+    heads = load_head("default", dense), load_head("default", target)
+    assert not any(isinstance(m, torch.nn.Linear) for m in heads[1].modules())
+    assert heads[1].lm_quantized is not None and heads[0].lm_quantized is None
+    ids = dense.tokenizer(PROMPTS[0] + " " + PROMPTS[1], return_tensors="pt").input_ids
+    with torch.inference_mode():
+        _, features = dense.model(ids, dense.model.new_cache(ids.shape[1]))
+        drafts = [head.logits(head(features[:, :-1], ids[:, 1:], head.new_cache(ids.shape[1])))[0].argmax(-1)
+                  for head in heads]
+    agree = (drafts[0] == drafts[1]).float().mean().item()
+    assert agree >= 0.9, agree

@@ -102,8 +102,8 @@ def _draft_vocab_of_eagle3(tensors: dict, folder: Path, vocab_size: int) -> torc
 
 
 def load_head(spec: str, target: Target) -> DraftHead:
-    """Load a head for `target` for inference (frozen, packed weights where exact), refusing one
-    trained for another model."""
+    """Load a head for `target` for inference (frozen; packed weights where exact, int8 ones beside
+    a quantized target), refusing one trained for another model."""
     folder = resolve_head(spec, target.name)
     config = json.loads((folder / "config.json").read_text())
     c = target.model.config
@@ -143,5 +143,8 @@ def load_head(spec: str, target: Target) -> DraftHead:
         )
     head = head.to(target.model.weight_like.device, dtype).eval().requires_grad_(False)
     head.attach(target.model, draft_vocab)
-    head.pack_weights()
+    if target.weights:  # the target runs int8 or int4 matrices: the head int8 ones
+        head.quantize_weights()
+    else:
+        head.pack_weights()
     return head

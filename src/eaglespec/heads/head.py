@@ -30,6 +30,7 @@ from eaglespec.errors import InvalidArgumentError
 from eaglespec.models.config import ModelConfig
 from eaglespec.models.decoder import MLP, Attention, Decoder, KVCache, Layer, Linear, RMSNorm, Stack, pack_weight, packed_linear
 from eaglespec.models.kernels import plain_cpu
+from eaglespec.models.quantize import QuantizedLinear, quantize
 
 # What an EAGLE-1 head reads at position j (paper Fig. 8): feature f[j] and/or a token embedding.
 INPUT_VARIANTS = ("feature+shifted-token", "feature+unshifted-token", "feature", "token")
@@ -90,6 +91,12 @@ class DraftHead(Stack):
         """What the target gives at committed positions [..., F] -> the head's hidden space [..., H]."""
         return target_outputs
 
+    def quantize_weights(self) -> None:
+        """For inference beside a quantized target: the head's matrices in int8 (`quantize.py`),
+        read in half the bytes of bf16 and multiplied by the same kernels as the target's. The
+        head's rounding changes which tokens it proposes, never what verification outputs."""
+        quantize(self, "int8", self.weight_like.dtype)
+
     def unroll(self, target_outputs: Tensor, tokens: Tensor, depth: int, cache: KVCache) -> list[Tensor]:
         """Chains drafted from every position j at once, as chain drafting runs them.
 
@@ -129,11 +136,18 @@ class EagleHead(DraftHead):
         self.fc = Linear(2 * config.hidden_size, config.hidden_size, bias=True)
         self.layers[0].input_norm = nn.Identity()
         self.lm_packed: tuple[str, Tensor] | None = None  # target_lm pre-packed (see `pack_weight`)
+        self.lm_quantized: QuantizedLinear | None = None  # or quantized (see `quantize_weights`)
 
     def attach(self, target: Decoder, draft_vocab: Tensor | None = None) -> EagleHead:
         super().attach(target, draft_vocab)
-        self.lm_packed = None
+        self.lm_packed = self.lm_quantized = None
         return self
+
+    def quantize_weights(self) -> None:
+        super().quantize_weights()
+        lm = nn.Linear(self.target_lm.shape[1], self.target_lm.shape[0], bias=False, device="meta")
+        lm.weight = nn.Parameter(self.target_lm, requires_grad=False)
+        self.lm_quantized = QuantizedLinear(lm, "int8")
 
     def pack_weights(self) -> bool:
         """Pre-pack the layers' and the sliced LM head's weights where exact (bf16 on CPU)."""
@@ -161,6 +175,8 @@ class EagleHead(DraftHead):
 
     def logits(self, features: Tensor) -> Tensor:
         """Draft logits over the draft vocabulary [..., N] (index with `to_target` for target ids)."""
+        if self.lm_quantized is not None:
+            return self.lm_quantized(features)
         if self.lm_packed is not None and features.dtype == self.target_lm.dtype and plain_cpu(features):
             return packed_linear(features, self.lm_packed, None, len(self.target_lm))
         return self.target_logits(features)
