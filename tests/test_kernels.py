@@ -222,7 +222,7 @@ def test_fused_layer_ops_leave_training_to_torch():
 @pytest.mark.parametrize("D", [8, 16, 64, 80, 128, 272])
 def test_row_attention_computes_softmax_attention_row_by_row(dtype, D):
     """Against torch's attention (head sizes with whole and partial 16-lane chunks; 272 takes the
-    kernel's plain loop, as every size does without AVX-512), and a row's numbers are those it gets
+    kernel's plain loop, as every size does without AVX-512 or AVX2; 80 is whole 8-lane chunks only), and a row's numbers are those it gets
     alone over just the keys it sees."""
     g = torch.Generator().manual_seed(4)
     B, H, M, S = 2, 3, 5, 40

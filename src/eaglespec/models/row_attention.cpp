@@ -8,6 +8,11 @@
 //
 // Fixed summation orders: dot products over 8 interleaved partial sums combined in one order,
 // then two passes over the visible keys (max, then exponentials and the weighted sum of values).
+// With AVX-512 or AVX2 (head sizes a multiple of 8 up to 256 there) the keys of a kv head are read
+// once for all its rows, in blocks, and the exponentials are vectorized (fixed polynomials); the
+// plain loop runs elsewhere. On an AVX2 CPU (AMD Zen 2, SmolLM2 at 512 cached tokens, bf16, ad hoc)
+// the vectorized path cut attention from 2.1 to 1.9 ms a one-token forward and from 12.6 to 7.2 ms
+// an 8-token one: the whole forward 15.3 -> 14.3 ms (1 token), 20.2 -> 18.1 (2), 42.6 -> 36.2 (8).
 
 #include <torch/extension.h>
 #include <ATen/Parallel.h>
@@ -18,7 +23,7 @@
 #include <type_traits>
 #include <vector>
 
-#if defined(__AVX512F__) && defined(__AVX512BW__) && defined(__AVX512VL__)
+#if defined(__AVX2__)
 #include <immintrin.h>
 #endif
 
@@ -285,6 +290,177 @@ void attend512(const torch::Tensor& q, const torch::Tensor& k, const torch::Tens
     }
   });
 }
+#elif defined(__AVX2__)
+// The same contract with AVX2 (8 fp32 lanes), for D a multiple of 8 up to 256, in three steps:
+// 1. scores s[r, j] = (scale q_r) . k_j for every row and every key, masked or not: 8 keys at a
+//    time, read in cache order; per key one fp32 chain over the 8-wide chunks of d, then its 8 lanes
+//    summed by one fixed tree (a function of q_r and k_j alone);
+// 2. per row, over its visible keys: the max, e_j = exp(s_j - max) by one fixed polynomial (0 for a
+//    key it does not see), and the normalizer summed in 8 lanes chosen by the visible key's index
+//    among the visible ones;
+// 3. out = sum_j e_j v_j as one chain per output over the keys in slot order (the keys a row does
+//    not see add exact zeros), rows of a kv head four at a time against each value.
+// So a row's numbers depend on its query and its visible keys, in order, alone.
+
+inline __m256 load8(const float* p) { return _mm256_loadu_ps(p); }
+inline __m256 load8(const at::BFloat16* p) {
+  return _mm256_castsi256_ps(
+      _mm256_slli_epi32(_mm256_cvtepu16_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p))), 16));
+}
+
+// exp(x) for x <= 0 (0 below -87): 2^n * p(r), x = n ln2 + r, |r| <= ln2 / 2, p of degree 6.
+inline __m256 exp8(__m256 x) {
+  x = _mm256_max_ps(x, _mm256_set1_ps(-87.0f));
+  const __m256 n = _mm256_round_ps(_mm256_mul_ps(x, _mm256_set1_ps(1.44269504088896341f)),
+                                   _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+  __m256 r = _mm256_fnmadd_ps(n, _mm256_set1_ps(0.693359375f), x);
+  r = _mm256_fnmadd_ps(n, _mm256_set1_ps(-2.12194440e-4f), r);
+  __m256 p = _mm256_set1_ps(1.0f / 720);
+  for (const float c : {1.0f / 120, 1.0f / 24, 1.0f / 6, 0.5f, 1.0f, 1.0f}) p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(c));
+  const __m256i two_n = _mm256_slli_epi32(_mm256_add_epi32(_mm256_cvtps_epi32(n), _mm256_set1_epi32(127)), 23);
+  return _mm256_mul_ps(p, _mm256_castsi256_ps(two_n));  // n >= -126: 2^n is a normal number
+}
+
+// Eight vectors p[0..7] -> one vector whose lane i is the sum of p[i]'s 8 lanes, by one fixed tree.
+inline __m256 sum8(const __m256* p) {
+  const __m256 a = _mm256_hadd_ps(_mm256_hadd_ps(p[0], p[1]), _mm256_hadd_ps(p[2], p[3]));
+  const __m256 b = _mm256_hadd_ps(_mm256_hadd_ps(p[4], p[5]), _mm256_hadd_ps(p[6], p[7]));
+  // a: lanes 0-3 the low halves' sums of p[0..3], lanes 4-7 their high halves'; b likewise for p[4..7]
+  return _mm256_add_ps(_mm256_permute2f128_ps(a, b, 0x20), _mm256_permute2f128_ps(a, b, 0x31));
+}
+
+// Which of keys j..j+7 (< S) a row sees, as all-ones lanes (null mask: all keys before S).
+inline __m256 seen8(const bool* visible, int64_t j, int64_t S) {
+  alignas(8) uint8_t bytes[8] = {0, 0, 0, 0, 0, 0, 0, 0};
+  for (int64_t i = 0; i < 8 && j + i < S; ++i) bytes[i] = visible ? visible[j + i] : 1;
+  const __m256i lanes = _mm256_cvtepu8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(bytes)));
+  return _mm256_castsi256_ps(_mm256_cmpgt_epi32(lanes, _mm256_setzero_si256()));
+}
+
+// R rows' outputs over the 8-lane chunks [c0, c1): acc[r][c] += e[r][j] v_j, keys in order.
+template <typename T, int R>
+void weighted_values8(const float* const* e, const T* vbase, int64_t vstride, int64_t S, int64_t c0, int64_t c1,
+                      float* const* out) {
+  constexpr int64_t MAX = 4;  // chunks per call (the accumulators stay in registers)
+  for (int64_t c = c0; c < c1; c += MAX) {
+    const int64_t n = c1 - c < MAX ? c1 - c : MAX;
+    __m256 acc[R][MAX];
+    for (int r = 0; r < R; ++r)
+      for (int64_t i = 0; i < MAX; ++i) acc[r][i] = _mm256_setzero_ps();
+    for (int64_t j = 0; j < S; ++j) {
+      const T* value = vbase + j * vstride + 8 * c;
+      _mm_prefetch(reinterpret_cast<const char*>(value + 16 * vstride), _MM_HINT_T0);
+      __m256 weight[R];
+      for (int r = 0; r < R; ++r) weight[r] = _mm256_broadcast_ss(e[r] + j);
+      for (int64_t i = 0; i < n; ++i) {
+        const __m256 x = load8(value + 8 * i);
+        for (int r = 0; r < R; ++r) acc[r][i] = _mm256_fmadd_ps(weight[r], x, acc[r][i]);
+      }
+    }
+    for (int r = 0; r < R; ++r)
+      for (int64_t i = 0; i < n; ++i) _mm256_storeu_ps(out[r] + 8 * (c + i), acc[r][i]);
+  }
+}
+
+template <typename T>
+void attend_avx2(const torch::Tensor& q, const torch::Tensor& k, const torch::Tensor& v, const torch::Tensor& mask,
+                 torch::Tensor& out, double scale) {
+  const int64_t B = q.size(0), H = q.size(1), M = q.size(2), D = q.size(3), S = k.size(2), C = D / 8;
+  const int64_t blocks = (S + 7) / 8, ld = blocks * 8;  // a row's scores, padded to whole blocks
+  const Operands<T> o(q, k, v, mask, out);
+  std::vector<float> query(B * H * M * D), scores(B * H * M * ld), totals(B * H * M);
+  const float sc = static_cast<float>(scale);
+  for (int64_t row = 0; row < B * H * M; ++row) {  // the scaled queries, fp32
+    const int64_t b = row / (H * M), h = (row / M) % H, r = row % M;
+    const T* qrow = o.q + b * o.qs[0] + h * o.qs[1] + r * o.qs[2];
+    for (int64_t d = 0; d < D; ++d) query[row * D + d] = static_cast<float>(qrow[d]) * sc;
+  }
+
+  // 1. scores, per (b, h, block of 8 keys): the keys read once, every row against them
+  at::parallel_for(0, B * H * blocks, 1, [&](int64_t begin, int64_t end) {
+    std::vector<__m256> kf(8 * C);
+    for (int64_t item = begin; item < end; ++item) {
+      const int64_t bh = item / blocks, block = item % blocks, b = bh / H, h = bh % H;
+      const int64_t j0 = block * 8, n = S - j0 < 8 ? S - j0 : 8;
+      const T* kbase = o.k + b * o.ks[0] + h * o.ks[1] + j0 * o.ks[2];
+      for (int64_t i = 0; i < 8; ++i) {
+        for (int64_t l = 0; l < D * int64_t(sizeof(T)); l += 64)  // the keys two blocks ahead
+          _mm_prefetch(reinterpret_cast<const char*>(kbase + (i + 16) * o.ks[2]) + l, _MM_HINT_T0);
+        for (int64_t c = 0; c < C; ++c) kf[i * C + c] = i < n ? load8(kbase + i * o.ks[2] + 8 * c) : _mm256_setzero_ps();
+      }
+      for (int64_t r = 0; r < M; ++r) {
+        const float* qrow = query.data() + (bh * M + r) * D;
+        __m256 p[8];
+        for (int64_t i = 0; i < 8; ++i) {
+          __m256 acc = _mm256_mul_ps(load8(qrow), kf[i * C]);
+          for (int64_t c = 1; c < C; ++c) acc = _mm256_fmadd_ps(load8(qrow + 8 * c), kf[i * C + c], acc);
+          p[i] = acc;
+        }
+        _mm256_storeu_ps(scores.data() + (bh * M + r) * ld + j0, sum8(p));
+      }
+    }
+  });
+
+  // 2. per row: the max over its visible keys, the weights e (in place of the scores) and their sum
+  at::parallel_for(0, B * H * M, 1, [&](int64_t begin, int64_t end) {
+    for (int64_t row = begin; row < end; ++row) {
+      const int64_t b = row / (H * M), r = row % M;
+      const bool* visible = o.mask ? o.mask + b * o.mask_batch + r * S : nullptr;
+      float* e = scores.data() + row * ld;
+      const __m256 none = _mm256_set1_ps(-std::numeric_limits<float>::infinity());
+      __m256 top = none;
+      for (int64_t j = 0; j < S; j += 8) top = _mm256_max_ps(top, _mm256_blendv_ps(none, _mm256_loadu_ps(e + j), seen8(visible, j, S)));
+      alignas(32) float lanes[8];
+      _mm256_store_ps(lanes, top);
+      float peak = lanes[0];
+      for (int i = 1; i < 8; ++i) peak = lanes[i] > peak ? lanes[i] : peak;
+      const __m256 shift = _mm256_set1_ps(peak);
+      alignas(32) float sums[8] = {0, 0, 0, 0, 0, 0, 0, 0};
+      int64_t count = 0;  // visible keys so far: key number `count` adds to lane count % 8
+      for (int64_t j = 0; j < S; j += 8) {
+        const __m256 in = seen8(visible, j, S);
+        const __m256 w = _mm256_and_ps(in, exp8(_mm256_sub_ps(_mm256_loadu_ps(e + j), shift)));
+        _mm256_storeu_ps(e + j, w);
+        if (count % 8 == 0 && _mm256_movemask_ps(in) == 0xFF) {  // 8 visible keys in lanes 0..7: the same adds
+          _mm256_store_ps(sums, _mm256_add_ps(_mm256_load_ps(sums), w));
+          count += 8;
+        } else {
+          for (int64_t i = j; i < j + 8 && i < S; ++i)
+            if (!visible || visible[i]) sums[count++ % 8] += e[i];
+        }
+      }
+      totals[row] = ((sums[0] + sums[4]) + (sums[1] + sums[5])) + ((sums[2] + sums[6]) + (sums[3] + sums[7]));
+    }
+  });
+
+  // 3. the weighted sums of values, per (b, h, group of 4 rows, a part of the output chunks), so that
+  //    a decoding step's few (b, h) keep both threads busy
+  const int64_t groups = (M + 3) / 4, PARTS = C >= 4 ? 4 : C, PART = (C + PARTS - 1) / PARTS;
+  at::parallel_for(0, B * H * groups * PARTS, 1, [&](int64_t begin, int64_t end) {
+    std::vector<float> sums(4 * D);
+    for (int64_t item = begin; item < end; ++item) {
+      const int64_t part = item % PARTS, group = item / PARTS;
+      const int64_t bh = group / groups, r0 = (group % groups) * 4, b = bh / H, h = bh % H;
+      const int64_t R = M - r0 < 4 ? M - r0 : 4;
+      const int64_t c0 = part * PART, c1 = std::min(C, c0 + PART);
+      const float* e[4];
+      float* acc[4];
+      for (int64_t r = 0; r < 4; ++r) e[r] = scores.data() + (bh * M + r0 + std::min(r, R - 1)) * ld, acc[r] = sums.data() + r * D;
+      const T* vbase = o.v + b * o.vs[0] + h * o.vs[1];
+      switch (R) {
+        case 4: weighted_values8<T, 4>(e, vbase, o.vs[2], S, c0, c1, acc); break;
+        case 3: weighted_values8<T, 3>(e, vbase, o.vs[2], S, c0, c1, acc); break;
+        case 2: weighted_values8<T, 2>(e, vbase, o.vs[2], S, c0, c1, acc); break;
+        default: weighted_values8<T, 1>(e, vbase, o.vs[2], S, c0, c1, acc); break;
+      }
+      for (int64_t r = 0; r < R; ++r) {
+        T* orow = o.out + b * o.os[0] + h * o.os[1] + (r0 + r) * o.os[2];  // a row that sees no key gets zeros
+        const float total = totals[bh * M + r0 + r], inv = total > 0 ? 1.0f / total : 0.0f;
+        for (int64_t d = 8 * c0; d < 8 * c1; ++d) orow[d] = static_cast<T>(acc[r][d] * inv);
+      }
+    }
+  });
+}
 #endif
 
 }  // namespace
@@ -322,6 +498,17 @@ torch::Tensor row_attention(torch::Tensor q, torch::Tensor k, torch::Tensor v, c
     else if (D <= 128) run(std::integral_constant<int64_t, 8>());
     else run(std::integral_constant<int64_t, 16>());
     return out;
+  }
+#elif defined(__AVX2__)
+  if (q.size(3) % 8 == 0 && q.size(3) <= 256) {
+    if (q.scalar_type() == torch::kFloat) {
+      attend_avx2<float>(q, k, v, m, out, scale);
+      return out;
+    }
+    if (q.scalar_type() == torch::kBFloat16) {
+      attend_avx2<at::BFloat16>(q, k, v, m, out, scale);
+      return out;
+    }
   }
 #endif
   if (q.scalar_type() == torch::kFloat) {
