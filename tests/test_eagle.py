@@ -107,6 +107,24 @@ def test_auto_decodes_plainly_where_drafting_rounds_are_slower_and_probes_again(
     assert [i for i, d in enumerate(drafting) if d] == [0, 1, 9, 25, 57, 89]
 
 
+def test_auto_expands_only_the_nodes_whose_children_could_pay_on_this_cost_curve():
+    import math
+
+    from eaglespec.decoding.eagle import AutoSize
+
+    scores = [math.log(p) for p in (0.6, 0.2, 0.1, 0.05)]  # the root's four children
+    parents, candidates = [-1] * 4, [0, 1, 2, 3]
+
+    def frontier(cost_of):  # seconds of a forward of n tokens
+        auto = AutoSize([cost_of(n) for n in range(66)])
+        auto.round_start = 0.0
+        return auto.frontier(scores, parents, candidates, 32, 0.001)
+
+    assert frontier(lambda n: 0.010) == [0, 1, 2, 3]  # every token free to verify: the tree stays wide
+    assert frontier(lambda n: 0.010 + 0.001 * n) == [0]  # a few cost little: a chain under the best
+    assert frontier(lambda n: 0.010 * n) == []  # cost in proportion to tokens: nothing deeper pays
+
+
 def test_auto_rounds_without_a_draft_keep_the_output(smollm2, shipped, monkeypatch):
     """Rounds that skip drafting leave the head's entries waiting; the next drafting round runs
     them all: greedy output still equals vanilla's."""

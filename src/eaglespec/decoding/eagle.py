@@ -14,6 +14,8 @@ are drawn without replacement from the warped draft distribution when sampling a
 
 from __future__ import annotations
 
+import math
+
 import torch
 from torch import Tensor
 
@@ -164,11 +166,16 @@ class EagleProposer:
             if level == depth - 1:
                 break
             best = candidate_scores.flatten().topk(k)
-            if self.auto and not self.auto.worth_expanding(best.values):
-                break
+            picks = best.indices.tolist()  # this level's candidates to expand, as indices into its k per row
+            if self.auto:
+                picks = self.auto.frontier(scores, pool.parents, [first + b for b in picks], self.shape.tokens,
+                                           self.clock.now())
+                picks = [i - first for i in picks]
+                if not picks or not self.auto.worth_expanding(torch.tensor([scores[first + b] for b in picks])):
+                    break
             self.clock.lap()
-            frontier = [first + b for b in best.indices.tolist()]
-            features = self._run(pool, frontier, features[best.indices // k])
+            frontier = [first + b for b in picks]
+            features = self._run(pool, frontier, features[torch.tensor(picks) // k])
             top = self._top(features)
             if self.auto:
                 self.auto.level_time = self.clock.lap()
@@ -191,8 +198,8 @@ class AutoSize:
     (exp of its cumulative log-probability), scaled by the measured ratio of accepted to predicted
     tokens, estimates how often the target accepts it. The round verifies the n best nodes that
     maximize (1 + expected accepted) / (draft time + measured verify cost of n + 1 tokens), and
-    drafting stops deepening once the next level's expected tokens are worth less than its time.
-    Where even the best tree pays less than plain decoding (the measured tokens/s of drafting
+    drafting expands only the nodes that the best tree so far takes (`frontier`) and stops deepening
+    once the next level's expected tokens are worth less than its time. Where even the best tree pays less than plain decoding (the measured tokens/s of drafting
     rounds below that of rounds without a draft, as on CPUs whose forwards cost in proportion to
     their tokens), rounds decode plainly, one in PROBE drafting again to measure anew; each probe
     that finds drafting still slower doubles the wait, up to MAX_PROBE rounds.
@@ -249,14 +256,43 @@ class AutoSize:
 
     def size(self, scores: list[float], order: list[int], limit: int, now: float) -> int:
         """How many of the candidates (best first, `order`) to verify."""
+        n, self.prediction = self._best(scores, order, limit, now)
+        self.sizes.append(n)
+        return n
+
+    def frontier(self, scores: list[float], parents: list[int], candidates: list[int], limit: int,
+                 now: float) -> list[int]:
+        """Of a level's best candidates, those worth expanding: the best tree over the candidates so
+        far takes them (only their children can join it), and adding a child, guessed as likely
+        after its parent as the parent after its own (their cumulative log-probabilities), would
+        pay for another level and a verified token more. Where each verified token costs much (AVX2)
+        drafting narrows to a short chain; where a few more cost little (AMX), it stays wide."""
+        order = sorted(range(len(scores)), key=lambda i: (-scores[i], i))
+        n, expected = self._best(scores, order, limit, now)
+        if n >= limit:
+            return []
+        spent = now - self.round_start
+        value = (1 + self.calibration * expected) / (spent + self.costs[n + 1])
+        chosen = set(order[:n])
+        kept = []
+        for c in candidates:
+            if c not in chosen:
+                continue
+            guess = math.exp(2 * scores[c] - (scores[parents[c]] if parents[c] >= 0 else 0.0))
+            grown = (1 + self.calibration * (expected + guess)) / (spent + self.level_time + self.costs[n + 2])
+            if grown > value:
+                kept.append(c)
+        return kept
+
+    def _best(self, scores: list[float], order: list[int], limit: int, now: float) -> tuple[int, float]:
+        """The number of candidates (best first) whose verification maximizes the round's expected
+        tokens per second, and their expected accepted draft tokens."""
         probs = torch.tensor([scores[i] for i in order[:limit]], dtype=torch.float64).exp()
         expected = probs.cumsum(0)
         n = torch.arange(1, len(probs) + 1)
         value = (1 + self.calibration * expected) / (now - self.round_start + self.costs[n + 1])
         best = int(value.argmax())
-        self.prediction = float(expected[best])
-        self.sizes.append(best + 1)
-        return best + 1
+        return best + 1, float(expected[best])
 
     def describe(self, shape: TreeShape) -> str:
         if not self.sizes:
