@@ -107,6 +107,16 @@ def test_auto_decodes_plainly_where_drafting_rounds_are_slower_and_probes_again(
     assert [i for i, d in enumerate(drafting) if d] == [0, 1, 9, 25, 57, 89]
 
 
+def test_auto_charges_the_heads_catch_up_over_waiting_entries_to_the_rounds_without_a_draft():
+    from eaglespec.decoding.eagle import AutoSize
+
+    auto = AutoSize([0.0, 0.010, 0.012])  # both kinds of round start as one vanilla round: 100 tokens/s
+    auto.round_start = 1.0
+    auto.catch_up(0.010)  # this drafting round ran the head over entries of earlier plain rounds
+    assert auto.round_start == 1.010  # the drafting round's clock starts after it
+    assert auto.plain_rate == 1 / 0.020 and auto.rate == 1 / 0.010
+
+
 def test_auto_expands_only_the_nodes_whose_children_could_pay_on_this_cost_curve():
     import math
 

@@ -42,6 +42,7 @@ class EagleProposer:
         self.cache = head.new_cache(capacity + entries)
         self.device = head.weight_like.device
         self.pending: tuple[Tensor, Tensor] | None = None  # (features [1, m, H], tokens [1, m])
+        self.waited = 0  # of the pending entries, those from rounds that did not draft
         if shape.paths is not None:
             self.static = _static_plan(shape.paths)
         self.auto = AutoSize(verify_costs) if shape.auto else None
@@ -64,6 +65,7 @@ class EagleProposer:
             self.auto.finish_round(len(tokens))
         tokens = torch.tensor([tokens], device=self.device)
         if self.pending is not None:  # a round that did not draft: its entries wait with these
+            self.waited = self.pending[1].shape[1]
             features, tokens = torch.cat((self.pending[0], features), 1), torch.cat((self.pending[1], tokens), 1)
         self.pending = (features, tokens)
 
@@ -77,8 +79,11 @@ class EagleProposer:
         if self.pending is None:  # a one-token prompt: no feature known yet
             return DraftTree()
         features, tokens = self.pending
+        started = self.clock.now()
         root_feature = self.head(self.head.lift(features), tokens, self.cache)[0, -1]
-        self.pending = None
+        if self.auto and self.waited:  # the entries of plain rounds: a cost of those rounds
+            self.auto.catch_up((self.clock.now() - started) * self.waited / tokens.shape[1])
+        self.pending, self.waited = None, 0
         self.committed = self.cache.length
         self.expanded: dict[int, int] = {}  # node -> cache slot of its draft entry
         if max_depth < 1:
@@ -171,7 +176,7 @@ class EagleProposer:
                 picks = self.auto.frontier(scores, pool.parents, [first + b for b in picks], self.shape.tokens,
                                            self.clock.now())
                 picks = [i - first for i in picks]
-                if not picks or not self.auto.worth_expanding(torch.tensor([scores[first + b] for b in picks])):
+                if not picks or not self.auto.worth_expanding([scores[first + b] for b in picks]):
                     break
             self.clock.lap()
             frontier = [first + b for b in picks]
@@ -199,19 +204,25 @@ class AutoSize:
     tokens, estimates how often the target accepts it. The round verifies the n best nodes that
     maximize (1 + expected accepted) / (draft time + measured verify cost of n + 1 tokens), and
     drafting expands only the nodes that the best tree so far takes (`frontier`) and stops deepening
-    once the next level's expected tokens are worth less than its time. Where even the best tree pays less than plain decoding (the measured tokens/s of drafting
-    rounds below that of rounds without a draft, as on CPUs whose forwards cost in proportion to
-    their tokens), rounds decode plainly, one in PROBE drafting again to measure anew; each probe
-    that finds drafting still slower doubles the wait, up to MAX_PROBE rounds.
+    once the next level's expected tokens are worth less than its time. Where even the best tree
+    pays less than plain decoding (the measured tokens/s of drafting rounds below that of rounds
+    without a draft: tokens over seconds, each summed with weight MEMORY^age over the rounds of its
+    kind; as on CPUs whose forwards cost in proportion to their tokens), rounds decode plainly, one
+    in PROBE drafting again to measure anew; each probe that finds drafting still slower doubles
+    the wait, up to MAX_PROBE rounds. The head's pass over the entries that waited through rounds
+    without a draft counts as those rounds' time (`catch_up`).
     """
 
     PROBE, MAX_PROBE = 8, 32
+    MEMORY = 0.9
 
     def __init__(self, verify_costs: list[float]):
-        self.costs = torch.tensor(verify_costs, dtype=torch.float64)
+        self.costs = list(verify_costs)
         self.accepted, self.predicted = 1.0, 1.0  # running sums behind the calibration
-        self.rate = 1 / max(verify_costs[1], 1e-6)  # tokens/s of drafting rounds, starting at vanilla's
-        self.plain_rate = self.rate  # tokens/s of rounds without a draft
+        # (tokens, seconds) of drafting rounds and of rounds without a draft, each sum decaying by MEMORY
+        # per round of its kind, both starting as one round of vanilla decoding
+        self.drafted = [1.0, max(verify_costs[1], 1e-6)]
+        self.plain = list(self.drafted)
         self.drafting = True  # whether this round drafts
         self.plain_rounds = 0  # rounds without a draft since the last drafting one
         self.probe = self.PROBE  # a drafting round after this many rounds (plain ones before it)
@@ -226,11 +237,8 @@ class AutoSize:
     def start_round(self, now: float) -> None:
         self.rounds += 1
         if self.round_tokens and self.rounds > 2:  # (the first round also runs the head over the prompt)
-            rate = self.round_tokens / max(now - self.round_start, 1e-6)
-            if self.drafting:
-                self.rate = 0.8 * self.rate + 0.2 * rate
-            else:
-                self.plain_rate = 0.8 * self.plain_rate + 0.2 * rate
+            sums = self.drafted if self.drafting else self.plain
+            sums[:] = [self.MEMORY * sums[0] + self.round_tokens, self.MEMORY * sums[1] + now - self.round_start]
         if self.rate >= self.plain_rate:
             self.probe = self.PROBE
         elif self.drafting and self.plain_rounds >= self.probe - 1:  # a probe found drafting still slower
@@ -240,6 +248,12 @@ class AutoSize:
         self.plain_total += not self.drafting
         self.round_start, self.round_tokens = now, 0
 
+    def catch_up(self, seconds: float) -> None:
+        """This drafting round spent `seconds` running the head over the entries that waited through
+        rounds without a draft: counted as theirs, so that skipping drafts is not paid by drafting."""
+        self.round_start += seconds
+        self.plain[1] += seconds
+
     def finish_round(self, tokens: int) -> None:
         self.round_tokens = tokens
         if self.drafting:
@@ -247,11 +261,21 @@ class AutoSize:
             self.predicted += self.prediction
 
     @property
+    def rate(self) -> float:
+        """Tokens/s of drafting rounds."""
+        return self.drafted[0] / self.drafted[1]
+
+    @property
+    def plain_rate(self) -> float:
+        """Tokens/s of rounds without a draft."""
+        return self.plain[0] / self.plain[1]
+
+    @property
     def calibration(self) -> float:
         return self.accepted / self.predicted
 
-    def worth_expanding(self, frontier_scores: Tensor) -> bool:
-        gain = self.calibration * float(frontier_scores.exp().sum())  # at most this many more tokens
+    def worth_expanding(self, frontier_scores: list[float]) -> bool:
+        gain = self.calibration * sum(map(math.exp, frontier_scores))  # at most this many more tokens
         return gain > self.level_time * self.rate
 
     def size(self, scores: list[float], order: list[int], limit: int, now: float) -> int:
@@ -287,12 +311,14 @@ class AutoSize:
     def _best(self, scores: list[float], order: list[int], limit: int, now: float) -> tuple[int, float]:
         """The number of candidates (best first) whose verification maximizes the round's expected
         tokens per second, and their expected accepted draft tokens."""
-        probs = torch.tensor([scores[i] for i in order[:limit]], dtype=torch.float64).exp()
-        expected = probs.cumsum(0)
-        n = torch.arange(1, len(probs) + 1)
-        value = (1 + self.calibration * expected) / (now - self.round_start + self.costs[n + 1])
-        best = int(value.argmax())
-        return best + 1, float(expected[best])
+        spent, calibration = now - self.round_start, self.calibration
+        best, best_value, best_expected, expected = 0, -1.0, 0.0, 0.0
+        for n, i in enumerate(order[:limit], 1):
+            expected += math.exp(scores[i])
+            value = (1 + calibration * expected) / (spent + self.costs[n + 1])
+            if value > best_value:
+                best, best_value, best_expected = n, value, expected
+        return best, best_expected
 
     def describe(self, shape: TreeShape) -> str:
         if not self.sizes:
