@@ -65,7 +65,7 @@ class EagleProposer:
             self.auto.finish_round(len(tokens))
         tokens = torch.tensor([tokens], device=self.device)
         if self.pending is not None:  # a round that did not draft: its entries wait with these
-            self.waited = self.pending[1].shape[1]
+            self.waited += tokens.shape[1]
             features, tokens = torch.cat((self.pending[0], features), 1), torch.cat((self.pending[1], tokens), 1)
         self.pending = (features, tokens)
 
