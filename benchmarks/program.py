@@ -136,6 +136,19 @@ def remeasure(model: str, number: int, head: str) -> None:
     own = ROOT / "data" / "regenerated" / f"{model}-heldout"
     if "alpha_own_text" not in entry and own.is_dir():
         entry["alpha_own_text"] = held_out(model, head, work / "alpha-own.json", own)["alpha"]
+    # the keep rule again for the stretches after it, which were judged without this figure: the last
+    # one that now beats every stretch before it becomes the head, if its run is still in the cache
+    stretches = ledger["stretches"]
+    flipped = []
+    for later in stretches[number + 1:]:
+        k = later["stretch"]
+        if not later["kept"] and better(later, stretches[:k]) and (CACHE / model / f"stretch-{k}" / "run" / "head").is_dir():
+            later["kept"] = True
+            later["note"] = f"kept when --remeasure {number} measured the figure the keep rule compares"
+            flipped.append(later)
+    last = [s for s in stretches if s["stretch"] > 0 and s["kept"]][-1:]
+    if last and last[0] in flipped:
+        install(model, CACHE / model / f"stretch-{last[0]['stretch']}", last[0])
     write_json(ledger, ledger_path)
     plot()
 
@@ -162,6 +175,19 @@ def better(entry: dict, earlier: list[dict]) -> bool:
         if known:
             return chain_length(entry["alpha_own_text"]) > max(known)
     return entry["chain_length"] > max(s["chain_length"] for s in earlier)
+
+
+def install(model: str, work: Path, entry: dict) -> None:
+    """Make a stretch's trained head (in its cache folder) `heads/MODEL`, with its curves and eval.json."""
+    head = ROOT / "heads" / model
+    tmp = head.with_name(f".{model}.tmp")
+    shutil.rmtree(tmp, ignore_errors=True)
+    shutil.copytree(work / "run" / "head", tmp)
+    shutil.copy(work / "run" / "curves.png", tmp / "curves.png")
+    write_json({"model": model, "head": "default", "alpha": entry["alpha"],
+                "tokens_scored": entry["tokens_scored"], "conversations": HELDOUT}, tmp / "eval.json")
+    shutil.rmtree(head)
+    os.replace(tmp, head)
 
 
 def stretch(model: str, data: str | None, new_only: bool = False) -> None:
@@ -215,14 +241,7 @@ def stretch(model: str, data: str | None, new_only: bool = False) -> None:
                  "train_evals": trained["evals"], **measure(model, str(work / "run" / "head"), work)}
         entry["kept"] = better(entry, stretches)
         if entry["kept"]:
-            tmp = head.with_name(f".{model}.tmp")
-            shutil.rmtree(tmp, ignore_errors=True)
-            shutil.copytree(work / "run" / "head", tmp)
-            shutil.copy(work / "run" / "curves.png", tmp / "curves.png")
-            write_json({"model": model, "head": "default", "alpha": entry["alpha"],
-                        "tokens_scored": entry["tokens_scored"], "conversations": HELDOUT}, tmp / "eval.json")
-            shutil.rmtree(head)
-            os.replace(tmp, head)
+            install(model, work, entry)
     hours = sum(s["extract_seconds"] + s["train_seconds"] for s in [*stretches, entry]) / 3600
     entry["cpu_hours"] = round(hours, 3)
     stretches.append(entry)
