@@ -6,13 +6,18 @@
 #
 #     bash benchmarks/suite.sh            # everything (hours on 2 cores)
 #     bash benchmarks/suite.sh smollm2    # only the rows whose name contains "smollm2"
+#     WEIGHTS=int4 OUT=benchmarks/results/suite-zen2-int4 bash benchmarks/suite.sh
+#
+# WEIGHTS is the target weight format of our methods (bench --weights: dense, int8, int4; the fastest
+# is the machine's: see vanilla_speed.py); OUT the folder of the JSON (default benchmarks/results/bench).
 #
 # The datasets are sub-sampled (LIMIT items, first in file order) to fit a CPU budget. The llama.cpp
 # columns need its programs: bash scripts/setup_llamacpp.sh (once).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 ONLY=${1:-}
-OUT=benchmarks/results/bench
+OUT=${OUT:-benchmarks/results/bench}
+WEIGHTS=${WEIGHTS:-dense}
 mkdir -p "$OUT"
 SMALL="vanilla,eagle,eagle:chain:4,eagle:eagle1,eagle:dynamic,pld,pld:10,hf,hf-pld,llama.cpp,llama.cpp-ngram"
 FLAGSHIP="vanilla,eagle,eagle:chain:4,sps:2,sps:3,sps:4,sps:5,sps:6,sps:7,sps:8,pld,pld:10,hf,hf-assisted,hf-pld,llama.cpp,llama.cpp-ngram,llama.cpp-draft"
@@ -22,7 +27,7 @@ run() {  # MODEL DATASET TEMPERATURE LIMIT METHODS
     [[ -z "$ONLY" || "$name" == *"$ONLY"* ]] || return 0
     [[ -f "$OUT/$name.json" ]] && { echo "have $OUT/$name.json"; return 0; }
     .venv/bin/eaglespec bench --model "$1" --head default --dataset "$2" --temperature "$3" --limit "$4" \
-        --methods "$5" --max-new-tokens 128 --threads 2 --out "$OUT/$name.json"
+        --methods "$5" --weights "$WEIGHTS" --max-new-tokens 128 --threads 2 --out "$OUT/$name.json"
 }
 
 for T in 0 1; do
@@ -32,4 +37,4 @@ for T in 0 1; do
     run qwen2.5-coder-0.5b-instruct humaneval $T 10 "$SMALL"
     run qwen2.5-coder-1.5b-instruct humaneval $T 10 "$FLAGSHIP"
 done
-.venv/bin/python benchmarks/suite_report.py
+.venv/bin/python benchmarks/suite_report.py "$OUT"

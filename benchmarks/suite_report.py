@@ -2,18 +2,17 @@
 one summary row per model, dataset and temperature (the best tree of EAGLE, the best draft
 length of sps), every run's own table below it, and a speedup and a tau plot per model.
 
-    .venv/bin/python benchmarks/suite_report.py    # writes benchmarks/results/bench/summary.md + PNGs
+    .venv/bin/python benchmarks/suite_report.py [FOLDER]   # FOLDER/summary.md + PNGs (default benchmarks/results/bench)
 """
 
 from __future__ import annotations
 
 import json
+import sys
 from pathlib import Path
 
 from eaglespec.bench.plots import plot_speedups, plot_tau
 from eaglespec.bench.run import markdown
-
-RESULTS = Path(__file__).parent / "results" / "bench"
 
 
 def cell(result: dict, family: str) -> str:
@@ -28,25 +27,26 @@ def cell(result: dict, family: str) -> str:
 
 
 def main() -> None:
-    results = [json.loads(p.read_text()) for p in sorted(RESULTS.glob("*.json"))]
+    results_dir = Path(sys.argv[1]) if len(sys.argv) > 1 else Path(__file__).parent / "results" / "bench"
+    results = [json.loads(p.read_text()) for p in sorted(results_dir.glob("*.json"))]
     if not results:
-        raise SystemExit(f"no results in {RESULTS}: run benchmarks/suite.sh first")
+        raise SystemExit(f"no results in {results_dir}: run benchmarks/suite.sh first")
     families = [f for f in ("eagle", "sps", "pld", "hf", "hf-assisted", "hf-pld", "llama.cpp", "llama.cpp-ngram",
                             "llama.cpp-draft")
                 if any(f in r["best"] for r in results)]
-    lines = ["| model | dataset | T | items (turns) | vanilla tok/s | " + " | ".join(families) + " |",
-             "|" + "---|" * (5 + len(families))]
+    lines = ["| model | dataset | T | items (turns) | weights | vanilla tok/s | " + " | ".join(families) + " |",
+             "|" + "---|" * (6 + len(families))]
     for r in results:
         c = r["config"]
-        lines.append(f"| {c['model']} | {c['dataset']} | {c['temperature']:g} | {r['items']} ({r['turns']}) | "
+        lines.append(f"| {c['model']} | {c['dataset']} | {c['temperature']:g} | {r['items']} ({r['turns']}) | {c.get('weights', 'dense')} | "
                      f"{r['methods']['vanilla']['tokens_per_s']:.1f} | "
                      + " | ".join(cell(r, f) for f in families) + " |")
     text = "\n".join(lines) + "\n\n" + "\n\n".join(markdown(r) for r in results) + "\n"
-    (RESULTS / "summary.md").write_text(text)
+    (results_dir / "summary.md").write_text(text)
     for model in dict.fromkeys(r["config"]["model"] for r in results):
         mine = [r for r in results if r["config"]["model"] == model]
-        plot_speedups(mine, RESULTS / f"speedup-{model}.png")
-        plot_tau(mine, RESULTS / f"tau-{model}.png")
+        plot_speedups(mine, results_dir / f"speedup-{model}.png")
+        plot_tau(mine, results_dir / f"tau-{model}.png")
     print(text)
 
 
