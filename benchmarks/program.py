@@ -125,7 +125,8 @@ def mt_bench(model: str, head: str, work: Path) -> dict:
 def remeasure(model: str, number: int, head: str) -> None:
     """Fill in the figures an earlier stretch lacks because they were measured only since (tau with
     the fixed EAGLE-1 tree, n-alpha on the target's own answers) from its head, wherever the head
-    is now (an earlier commit's `heads/MODEL`); its other figures stay as they were measured."""
+    is now (an earlier commit's `heads/MODEL`); its other figures stay as they were measured. Then the
+    keep rule again for every later stretch, and the head it now picks becomes `heads/MODEL`."""
     ledger_path = RESULTS / f"{model}.json"
     ledger = json.loads(ledger_path.read_text())
     entry = ledger["stretches"][number]
@@ -136,19 +137,28 @@ def remeasure(model: str, number: int, head: str) -> None:
     own = ROOT / "data" / "regenerated" / f"{model}-heldout"
     if "alpha_own_text" not in entry and own.is_dir():
         entry["alpha_own_text"] = held_out(model, head, work / "alpha-own.json", own)["alpha"]
-    # the keep rule again for the stretches after it, which were judged without this figure: the last
-    # one that now beats every stretch before it becomes the head, if its run is still in the cache
+    # the keep rule again for the stretches after it, which were judged without this figure; the
+    # last one kept is the head that ships
     stretches = ledger["stretches"]
-    flipped = []
+
+    def shipped() -> int:
+        return max((s["stretch"] for s in stretches if s["stretch"] > 0 and s["kept"]), default=0)
+
+    before = shipped()
     for later in stretches[number + 1:]:
-        k = later["stretch"]
-        if not later["kept"] and better(later, stretches[:k]) and (CACHE / model / f"stretch-{k}" / "run" / "head").is_dir():
-            later["kept"] = True
-            later["note"] = f"kept when --remeasure {number} measured the figure the keep rule compares"
-            flipped.append(later)
-    last = [s for s in stretches if s["stretch"] > 0 and s["kept"]][-1:]
-    if last and last[0] in flipped:
-        install(model, CACHE / model / f"stretch-{last[0]['stretch']}", last[0])
+        now = better(later, stretches[:later["stretch"]])
+        if now != later["kept"]:
+            later["kept"] = now
+            later["note"] = (later.get("note", "") + "; " if later.get("note") else "") + \
+                f"{'kept' if now else 'not kept'} when --remeasure {number} measured the figure the keep rule compares"
+    after = shipped()
+    if after != before:
+        run_dir = CACHE / model / f"stretch-{after}" / "run" / "head"
+        if after == 0 or not run_dir.is_dir():
+            write_json(ledger, ledger_path)
+            raise SystemExit(f"the keep rule now picks stretch {after}'s head, whose run is not in {CACHE / model}: "
+                             f"restore heads/{model} from the commit that shipped it")
+        install(model, CACHE / model / f"stretch-{after}", stretches[after])
     write_json(ledger, ledger_path)
     plot()
 

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # The full benchmark table: every method side by side, per model, dataset and temperature
-# (CPU, bf16, 2 threads). Each run writes benchmarks/results/bench/MODEL-DATASET-tT.json and
+# (CPU, 2 threads). Each run writes OUT/MODEL-DATASET-tT.json and
 # its plots; a run whose JSON exists is skipped, so an interrupted suite resumes. Then
 # suite_report.py prints the README tables and draws the combined plots.
 #
@@ -9,15 +9,16 @@
 #     WEIGHTS=int4 OUT=benchmarks/results/suite-zen2-int4 bash benchmarks/suite.sh
 #
 # WEIGHTS is the target weight format of our methods (bench --weights: dense, int8, int4; the fastest
-# is the machine's: see vanilla_speed.py); OUT the folder of the JSON (default benchmarks/results/bench).
+# is the machine's: see vanilla_speed.py); OUT the folder of the JSON (default benchmarks/results/bench,
+# or benchmarks/results/bench-WEIGHTS for other formats, so that no run of one format passes for another's).
 #
 # The datasets are sub-sampled (LIMIT items, first in file order) to fit a CPU budget. The llama.cpp
 # columns need its programs: bash scripts/setup_llamacpp.sh (once).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 ONLY=${1:-}
-OUT=${OUT:-benchmarks/results/bench}
 WEIGHTS=${WEIGHTS:-dense}
+OUT=${OUT:-benchmarks/results/bench$([[ $WEIGHTS == dense ]] || echo "-$WEIGHTS")}
 mkdir -p "$OUT"
 SMALL="vanilla,eagle,eagle:chain:4,eagle:eagle1,eagle:dynamic,pld,pld:10,hf,hf-pld,llama.cpp,llama.cpp-ngram"
 FLAGSHIP="vanilla,eagle,eagle:chain:4,sps:2,sps:3,sps:4,sps:5,sps:6,sps:7,sps:8,pld,pld:10,hf,hf-assisted,hf-pld,llama.cpp,llama.cpp-ngram,llama.cpp-draft"
