@@ -26,6 +26,21 @@ def cell(result: dict, family: str) -> str:
     return f"{s['speedup']:.2f}x{name}{tau}{vs}"
 
 
+OURS = ("vanilla", "eagle", "sps", "pld")
+LLAMA_CPP = ("llama.cpp", "llama.cpp-ngram", "llama.cpp-draft")
+
+
+def versus_llama_cpp(result: dict) -> str:
+    """Our fastest method's tokens/s over llama.cpp's fastest method's, on the same turns."""
+    def fastest(families):
+        runs = [(result["methods"][result["best"][f]]["tokens_per_s"], result["best"][f])
+                for f in families if f in result["best"]]
+        return max(runs) if runs else None
+
+    ours, theirs = fastest(OURS), fastest(LLAMA_CPP)
+    return "-" if not (ours and theirs) else f"{ours[0] / theirs[0]:.2f}x ({ours[1]} / {theirs[1]})"
+
+
 def main() -> None:
     results_dir = Path(sys.argv[1]) if len(sys.argv) > 1 else Path(__file__).parent / "results" / "bench"
     results = [json.loads(p.read_text()) for p in sorted(results_dir.glob("*.json"))]
@@ -34,13 +49,14 @@ def main() -> None:
     families = [f for f in ("eagle", "sps", "pld", "hf", "hf-assisted", "hf-pld", "llama.cpp", "llama.cpp-ngram",
                             "llama.cpp-draft")
                 if any(f in r["best"] for r in results)]
-    lines = ["| model | dataset | T | items (turns) | weights | vanilla tok/s | " + " | ".join(families) + " |",
-             "|" + "---|" * (6 + len(families))]
+    lines = ["| model | dataset | T | items (turns) | weights | vanilla tok/s | " + " | ".join(families)
+             + " | best of ours / llama.cpp's best (tokens/s) |",
+             "|" + "---|" * (7 + len(families))]
     for r in results:
         c = r["config"]
         lines.append(f"| {c['model']} | {c['dataset']} | {c['temperature']:g} | {r['items']} ({r['turns']}) | {c.get('weights', 'dense')} | "
                      f"{r['methods']['vanilla']['tokens_per_s']:.1f} | "
-                     + " | ".join(cell(r, f) for f in families) + " |")
+                     + " | ".join(cell(r, f) for f in families) + f" | {versus_llama_cpp(r)} |")
     text = "\n".join(lines) + "\n\n" + "\n\n".join(markdown(r) for r in results) + "\n"
     (results_dir / "summary.md").write_text(text)
     for model in dict.fromkeys(r["config"]["model"] for r in results):
