@@ -6,7 +6,7 @@
 #
 #     bash benchmarks/suite.sh            # everything (hours on 2 cores)
 #     bash benchmarks/suite.sh smollm2    # only the rows whose name contains "smollm2"
-#     WEIGHTS=int4 OUT=benchmarks/results/suite-zen2-int4 bash benchmarks/suite.sh
+#     WEIGHTS=int4 OUT=benchmarks/results/suite-zen2-avx2-int4 bash benchmarks/suite.sh
 #
 # WEIGHTS is the target weight format of our methods (bench --weights: dense, int8, int4; the fastest
 # is the machine's: see vanilla_speed.py); OUT the folder of the JSON (default benchmarks/results/bench,

@@ -1,7 +1,8 @@
 // What our linear kernels' AVX2 paths share (CPUs without AVX-512 BF16: the bf16 and int4 kernels,
 // and int8 where AVX-512 is missing too). They read the same packed layouts as the AVX-512 paths.
 // A group of R rows runs against V of a tile's vectors at a time (passes over the tile, the tile in
-// cache after the first; the bf16 kernel makes its passes block by block of the tile), so that its accumulators fit the 16 registers: in the fp32 paths
+// cache after the first; the bf16 kernel makes its passes block by block of the tile), so that its
+// accumulators fit the 16 registers: in the fp32 paths
 // (`Fp32Vectors`) a tile of 64 outputs is 8 vectors of 8 fp32 lanes, one lane per output; in the
 // integer path of int4 (`Int16Vectors`) 4 vectors of 16 int16 lanes. Every (R, V) computes an output
 // the same way, so a row's result does not depend on the rows beside it nor on the number of threads.
