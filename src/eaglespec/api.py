@@ -11,7 +11,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from eaglespec.decoding.generate import Generation, GenerationOutput, generate
 from eaglespec.decoding.methods import Method, parse_method
@@ -26,6 +26,8 @@ class Model:
     target: Target
     head: DraftHead | None  # None: no EAGLE
     draft: Target | None = None  # a draft model for sps
+    # methods by name, made once, so that what `auto` learns carries from one generation to the next
+    methods: dict[str, Method | None] = field(default_factory=dict, repr=False)
 
     def stream(self, prompt: str | list[int], *, method: str | Method | None = None, tree: str = "auto",
                **kwargs) -> Generation:
@@ -46,7 +48,10 @@ class Model:
         method = method or ("eagle" if self.head is not None else "vanilla")
         if not isinstance(method, str):
             return method
-        return parse_method(f"eagle:{tree}" if method == "eagle" else method, self.head, self.draft)
+        spec = f"eagle:{tree}" if method == "eagle" else method
+        if spec not in self.methods:
+            self.methods[spec] = parse_method(spec, self.head, self.draft)
+        return self.methods[spec]
 
 
 def load(model: str = DEFAULT_MODEL, head: str | None = "default", dtype: str = "bfloat16",

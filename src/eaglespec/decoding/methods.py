@@ -12,7 +12,7 @@ proposer per generation. No method (None) is vanilla decoding.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from eaglespec.decoding.draft_model import DraftModelProposer, check_draft_model
 from eaglespec.decoding.eagle import EagleProposer
@@ -29,14 +29,25 @@ class Eagle:
     head: object  # EagleHead
     tree: str = "auto"
     name = "eagle"
+    # the `auto` sizing of the last generation per target and sampling settings, where the next starts
+    learned: dict = field(default_factory=dict, compare=False, repr=False)
 
     def __post_init__(self):
         parse_tree(self.tree)
 
     def bind(self, target, params: SamplingParams):
         shape = parse_tree(self.tree)
-        costs = target.model.verify_costs() if shape.auto else None  # measured once per model
-        return lambda draws, capacity: EagleProposer(self.head, shape, params, draws, capacity, costs)
+        if not shape.auto:
+            return lambda draws, capacity: EagleProposer(self.head, shape, params, draws, capacity)
+        costs = target.model.verify_costs()  # measured once per model
+        key = (target.model, params.temperature, params.top_p, params.top_k)
+
+        def make(draws, capacity):
+            proposer = EagleProposer(self.head, shape, params, draws, capacity, costs, self.learned.get(key))
+            self.learned[key] = proposer.auto
+            return proposer
+
+        return make
 
 
 @dataclass(frozen=True)
