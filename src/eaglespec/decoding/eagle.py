@@ -19,9 +19,8 @@ import math
 import torch
 from torch import Tensor
 
-from eaglespec.decoding.sampling import SamplingParams, warp
+from eaglespec.decoding.sampling import Draws, SamplingParams, warp
 from eaglespec.decoding.tree import DraftTree, TreeShape
-from eaglespec.decoding.verify import Draws
 from eaglespec.errors import InvalidArgumentError
 from eaglespec.heads.head import DraftHead
 from eaglespec.timing import Clock
