@@ -14,7 +14,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from eaglespec.decoding.generate import Generation, GenerationOutput, generate
-from eaglespec.decoding.methods import Method, method_needs, parse_method
+from eaglespec.decoding.methods import NEEDS, Method, method_needs, method_spec, parse_method
 from eaglespec.errors import InvalidArgumentError
 from eaglespec.heads.checkpoint import load_head, shipped_head, shipped_heads
 from eaglespec.heads.head import DraftHead
@@ -28,7 +28,7 @@ class Model:
     head: DraftHead | None  # None: no EAGLE
     draft: Target | None = None  # a draft model for sps
     # methods by name, made once, so that what `auto` learns carries from one generation to the next
-    methods: dict[str, Method | None] = field(default_factory=dict, repr=False)
+    methods: dict[str, Method | None] = field(default_factory=dict, compare=False, repr=False)
 
     def stream(self, prompt: str | list[int], *, method: str | Method | None = None, tree: str = "auto",
                **kwargs) -> Generation:
@@ -50,12 +50,12 @@ class Model:
         method = method or ("eagle" if self.head is not None else "vanilla")
         if not isinstance(method, str):
             return method
-        spec = f"eagle:{tree}" if method == "eagle" else method
+        spec = method_spec(method, tree)
         if spec not in self.methods:
             if self.head is None and method_needs(spec) == "head":
                 raise InvalidArgumentError(
-                    f"method '{method}' needs an EAGLE head and none is loaded for {self.target.name}: load a "
-                    f"folder from `eaglespec train` (--head PATH, head=PATH); heads are shipped for {shipped_heads()}")
+                    f"method '{method}' needs {NEEDS['head']}; none is loaded for {self.target.name} (heads are "
+                    f"shipped for {shipped_heads()}; benchmarks/train_head.sh builds others)")
             self.methods[spec] = parse_method(spec, self.head, self.draft)
         return self.methods[spec]
 

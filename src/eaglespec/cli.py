@@ -8,7 +8,7 @@ import sys
 
 import click
 
-from eaglespec.errors import EaglespecError, UnknownModelError
+from eaglespec.errors import EaglespecError, InvalidArgumentError, UnknownModelError
 from eaglespec.models.registry import BUNDLED, DATASETS, DEFAULT_MODEL, DRAFT_MODELS, cache_root
 
 
@@ -105,14 +105,16 @@ def generate(model_spec: str, prompt: str, chat: bool, max_new_tokens: int, temp
 
     from eaglespec.api import load
     from eaglespec.decoding.loop import check_max_new_tokens
-    from eaglespec.decoding.methods import method_needs, parse_method
+    from eaglespec.decoding.methods import NEEDS, method_needs, method_spec
     from eaglespec.decoding.sampling import SamplingParams
+    from eaglespec.decoding.tree import parse_tree
 
     check_max_new_tokens(max_new_tokens)  # reject bad values before loading anything
     SamplingParams(temperature=temperature, top_p=top_p, top_k=top_k)
-    needs = method_needs(f"eagle:{tree}" if method == "eagle" else method) if method else "head"
+    parse_tree(tree)
+    needs = method_needs(method_spec(method, tree)) if method else "head"
     if needs == "draft" and not draft_model:
-        parse_method(method)  # raises: sps needs a draft model
+        raise InvalidArgumentError(f"method '{method}' needs {NEEDS['draft']}")
     if threads:
         torch.set_num_threads(threads)
     model = load(model_spec, head_spec if needs == "head" else None, dtype, device,

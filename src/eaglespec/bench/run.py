@@ -25,7 +25,7 @@ from tqdm import tqdm
 from eaglespec.bench.datasets import Item, load_items
 from eaglespec.bench.llamacpp import PEERS, LlamaServer, peer_gguf, programs, tau
 from eaglespec.decoding.generate import chat_ids, generate
-from eaglespec.decoding.methods import METHOD_HELP, PromptLookup, method_needs
+from eaglespec.decoding.methods import METHOD_HELP, PromptLookup, method_needs, parse_method
 from eaglespec.errors import InvalidArgumentError
 from eaglespec.timing import Clock, machine
 
@@ -114,7 +114,8 @@ class Bench:
         chat_ids(self.target, [{"role": "user", "content": "x"}])  # refuses a model without a chat template
         if self.draft:
             check_draft_model(self.target, self.draft)
-        self.ours = {m: model.drafting(m) for m in methods if m not in EXTERNAL}
+        # one object per listed method, even where two specs name the same one (eagle, eagle:auto)
+        self.ours = {m: parse_method(m, model.head, model.draft) for m in methods if m not in EXTERNAL}
         self.hf = self.hf_draft = None
         if needs & set(REFERENCES):
             self.hf = _hf_model(self.target.folder, config.dtype, config.device)

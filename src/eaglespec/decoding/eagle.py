@@ -204,7 +204,8 @@ class EagleProposer:
 class AutoSize:
     """Sizes the `auto` tree each round for the machine at hand. A draft path's probability
     (exp of its cumulative log-probability), scaled by the measured ratio of accepted to predicted
-    tokens, estimates how often the target accepts it. The round verifies the n best nodes that
+    tokens (sums that decay by CALIBRATION_MEMORY per drafting round), estimates how often the
+    target accepts it. The round verifies the n best nodes that
     maximize (1 + expected accepted) / (draft time + measured verify cost of n + 1 tokens), and
     drafting expands only the nodes that the best tree so far takes (`frontier`) and stops deepening
     once the next level's expected tokens are worth less than its time. Where even the best tree
@@ -215,16 +216,17 @@ class AutoSize:
     the wait, up to MAX_PROBE rounds. The head's pass over the entries that waited through rounds
     without a draft counts as those rounds' time, and its pass over the prompt as no round's
     (`catch_up`). A generation starts from what the `earlier` one learned (the calibration, both
-    rates, whether to draft and the probe's wait), so that a process that found drafting slower
-    does not pay to find it again, the head's pass over each prompt included.
+    rates, the plain rounds towards the next probe and the probe's wait), so that a process that
+    found drafting slower does not pay to find it again, the head's pass over each prompt included.
     """
 
     PROBE, MAX_PROBE = 8, 32
     MEMORY = 0.9
+    CALIBRATION_MEMORY = 0.98  # per drafting round, of the sums behind the calibration
 
     def __init__(self, verify_costs: list[float], earlier: AutoSize | None = None):
         self.costs = list(verify_costs)
-        self.accepted, self.predicted = 1.0, 1.0  # running sums behind the calibration
+        self.accepted, self.predicted = 1.0, 1.0  # decaying sums behind the calibration
         # (tokens, seconds) of drafting rounds and of rounds without a draft, each sum decaying by MEMORY
         # per round of its kind, both starting as one round of vanilla decoding
         self.drafted = [1.0, max(verify_costs[1], 1e-6)]
@@ -235,9 +237,9 @@ class AutoSize:
         if earlier is not None:
             self.accepted, self.predicted = earlier.accepted, earlier.predicted
             self.drafted, self.plain = list(earlier.drafted), list(earlier.plain)
-            self.drafting, self.plain_rounds, self.probe = earlier.drafting, earlier.plain_rounds, earlier.probe
+            # the earlier generation's last round was not measured; a plain one still counts towards the probe
+            self.plain_rounds, self.probe = earlier.plain_rounds + (not earlier.drafting), earlier.probe
         self.plain_total = 0
-        self.rounds = 0
         self.level_time = 0.0  # the last draft level's seconds
         self.round_start = 0.0
         self.round_tokens = 0  # tokens the last round accepted
@@ -245,7 +247,6 @@ class AutoSize:
         self.sizes: list[int] = []
 
     def start_round(self, now: float) -> None:
-        self.rounds += 1
         if self.round_tokens:  # the last round of this generation, measured
             sums = self.drafted if self.drafting else self.plain
             sums[:] = [self.MEMORY * sums[0] + self.round_tokens, self.MEMORY * sums[1] + now - self.round_start]
@@ -268,8 +269,9 @@ class AutoSize:
     def finish_round(self, tokens: int) -> None:
         self.round_tokens = tokens
         if self.drafting:
-            self.accepted += tokens - 1  # the bonus token is not a draft token
-            self.predicted += self.prediction
+            m = self.CALIBRATION_MEMORY
+            self.accepted = m * self.accepted + tokens - 1  # the bonus token is not a draft token
+            self.predicted = m * self.predicted + self.prediction
 
     @property
     def rate(self) -> float:

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from typing import ClassVar
+from weakref import WeakKeyDictionary
 
 from eaglespec.decoding.draft_model import DraftModelProposer, check_draft_model
 from eaglespec.decoding.eagle import EagleProposer
@@ -54,8 +55,9 @@ class Eagle:
     name: ClassVar[str] = "eagle"
     syntax: ClassVar[str] = f"eagle[:TREE] ({TREE_HELP})"
     needs: ClassVar[str] = "head"
-    # the `auto` sizing of the last generation per target and sampling settings, where the next starts
-    learned: dict = field(default_factory=dict, compare=False, repr=False)
+    # per target model, then per sampling setting: the `auto` sizing of the last generation started,
+    # where the next one starts
+    learned: WeakKeyDictionary = field(default_factory=WeakKeyDictionary, init=False, compare=False, repr=False)
 
     def __post_init__(self):
         parse_tree(self.tree)
@@ -70,11 +72,12 @@ class Eagle:
         if not shape.auto:
             return lambda draws, capacity: EagleProposer(self.head, shape, params, draws, capacity)
         costs = target.model.verify_costs()  # measured once per model
-        key = (target.model, params.temperature, params.top_p, params.top_k)
+        learned = self.learned.setdefault(target.model, {})
+        key = (params.temperature, params.top_p, params.top_k)
 
         def make(draws, capacity):
-            proposer = EagleProposer(self.head, shape, params, draws, capacity, costs, self.learned.get(key))
-            self.learned[key] = proposer.auto
+            proposer = EagleProposer(self.head, shape, params, draws, capacity, costs, learned.get(key))
+            learned[key] = proposer.auto
             return proposer
 
         return make
@@ -126,6 +129,11 @@ class PromptLookup:
 
 Method = Eagle | DraftModel | PromptLookup
 METHOD_HELP = " | ".join(["vanilla", *(cls.syntax for cls in METHODS.values())])
+
+
+def method_spec(method: str, tree: str = "auto") -> str:
+    """The spec of a method name as the CLI and the Python API take it: bare "eagle" drafts `tree`."""
+    return f"eagle:{tree}" if method == "eagle" else method
 
 
 def _lookup(spec: str) -> tuple[type | None, dict]:
