@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import os
 import sys
+from dataclasses import replace
 
 import click
 
@@ -122,9 +123,11 @@ def generate(model_spec: str, prompt: str, chat: bool, max_new_tokens: int, temp
     settings = {"chat": chat, "max_new_tokens": max_new_tokens, "temperature": temperature, "top_p": top_p,
                 "top_k": top_k, "seed": seed, "stop_strings": stop, "ignore_eos": ignore_eos,
                 "method": method, "tree": tree}
-    if compare_vanilla:  # warm both paths up, so that neither timed run pays first-call costs
-        for warm in (method, "vanilla"):
-            model.generate(prompt, **(settings | {"method": warm, "max_new_tokens": 8}))
+    if compare_vanilla:  # warm both paths up, so that neither timed run pays first-call costs; on a
+        # copy with methods of its own, so that the timed run starts as a lone generation does
+        warm = replace(model, methods={})
+        for each in (method, "vanilla"):
+            warm.generate(prompt, **(settings | {"method": each, "max_new_tokens": 8}))
     generation = model.stream(prompt, **settings)
     if as_json:
         for _ in generation:
