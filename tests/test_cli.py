@@ -35,6 +35,7 @@ def test_json_greedy_equals_transformers_generate(smollm2, smollm2_hf):
 def test_streaming_prints_text_and_stats(smollm2):
     code, out, err = run("generate", "--prompt", "Name a color.", "--chat", "--max-new-tokens", "8")
     assert code == 0 and out.strip() and "tokens/s" in err
+    assert "[eagle auto" in err  # the default method where a head is shipped, as in the Python API
 
 
 def test_models_lists_the_bundled_models():
@@ -53,6 +54,9 @@ def test_local_hugging_face_folder(tiny_folder):
     code, out, _ = run("generate", "--model", str(tiny_folder), "--prompt", "hello", "--max-new-tokens", "5",
                        "--json", "--ignore-eos")
     assert code == 0 and json.loads(out)["new_tokens"] == 5
+    assert json.loads(out)["method"] == "vanilla"  # no head is shipped for it
+    code, _, err = run("generate", "--model", str(tiny_folder), "--prompt", "hello", "--method", "eagle:chain:2")
+    assert code == 1 and "method 'eagle:chain:2' needs an EAGLE head and none is loaded" in err
 
 
 def unsupported(folder):

@@ -86,6 +86,7 @@ def test_python_api():
     assert (eagle.method, vanilla.method) == ("eagle", "vanilla") and eagle.token_ids == vanilla.token_ids
     pieces = list(model.stream("Say hello.", chat=True, max_new_tokens=10, do_sample=False))
     assert "".join(pieces) == vanilla.text
+    assert model.methods["eagle:auto"].learned  # what the stream's `auto` learned, kept for the next generation
     with pytest.raises(InvalidArgumentError, match="needs an EAGLE head"):
         eaglespec.load("smollm2-135m-instruct", head=None, dtype="float32").generate("x", method="eagle")
 
@@ -100,11 +101,24 @@ def test_auto_decodes_plainly_where_drafting_rounds_are_slower_and_probes_again(
         drafting.append(auto.drafting)
         now += 0.040 if auto.drafting else 0.010  # a drafting round: 2 tokens in 40 ms (50 tokens/s)
         auto.finish_round(2 if auto.drafting else 1)
-    # the first two rounds draft (the first one's head pass over the prompt is not measured), then
-    # plain rounds, a drafting round after PROBE, twice as many, ... up to MAX_PROBE
-    assert drafting[:3] == [True, True, False]
+    # the first round drafts, then plain rounds, a drafting round after PROBE, twice as many, ... up
+    # to MAX_PROBE
     assert (AutoSize.PROBE, AutoSize.MAX_PROBE) == (8, 32)
-    assert [i for i, d in enumerate(drafting) if d] == [0, 1, 9, 25, 57, 89]
+    assert [i for i, d in enumerate(drafting) if d] == [0, 8, 24, 56, 88]
+
+    # the next generation starts where this one stopped: plain, the probe after 31 plain rounds (11
+    # of them ended this generation)
+    first, auto = auto, AutoSize([0.0, 0.010, 0.012], earlier=auto)
+    assert (auto.accepted, auto.predicted, auto.drafted, auto.plain, auto.probe) == \
+        (first.accepted, first.predicted, first.drafted, first.plain, first.probe)
+    assert auto.drafted is not first.drafted and not auto.sizes  # its own sums; its own rounds
+    drafting = []
+    for _ in range(40):
+        auto.start_round(now)
+        drafting.append(auto.drafting)
+        now += 0.040 if auto.drafting else 0.010
+        auto.finish_round(2 if auto.drafting else 1)
+    assert [i for i, d in enumerate(drafting) if d] == [20]
 
 
 def test_auto_charges_the_heads_catch_up_over_waiting_entries_to_the_rounds_without_a_draft():
@@ -112,8 +126,10 @@ def test_auto_charges_the_heads_catch_up_over_waiting_entries_to_the_rounds_with
 
     auto = AutoSize([0.0, 0.010, 0.012])  # both kinds of round start as one vanilla round: 100 tokens/s
     auto.round_start = 1.0
-    auto.catch_up(0.010)  # this drafting round ran the head over entries of earlier plain rounds
-    assert auto.round_start == 1.010  # the drafting round's clock starts after it
+    # this drafting round ran the head over entries of earlier plain rounds (10 ms) and over the
+    # prompt (5 ms): the first is theirs, the second no round's
+    auto.catch_up(0.010, 0.005)
+    assert auto.round_start == 1.015  # the drafting round's clock starts after both
     assert auto.plain_rate == 1 / 0.020 and auto.rate == 1 / 0.010
 
 
@@ -144,7 +160,7 @@ def test_auto_rounds_without_a_draft_keep_the_output(smollm2, shipped, monkeypat
 
     def every_third(self, now):
         start_round(self, now)
-        self.drafting = self.rounds % 3 == 1
+        self.drafting = len(made) % 3 == 0
         made.append(self)
 
     monkeypatch.setattr(AutoSize, "start_round", every_third)
@@ -156,3 +172,23 @@ def test_auto_rounds_without_a_draft_keep_the_output(smollm2, shipped, monkeypat
     # which ends the generation before the proposer hears of it
     missed = (out.new_tokens - out.target_forwards) - (made[-1].accepted - 1)
     assert 0 <= missed <= len(out.accepted_lengths) - 1  # at most the most any round accepted
+
+
+def test_auto_starts_a_generation_from_what_the_last_one_learned(smollm2, shipped):
+    """A method that found drafting slower starts the next generation plain: the prompt's head
+    entries wait until a probe, and the output still equals vanilla's."""
+    from eaglespec.decoding.eagle import AutoSize
+
+    method = Eagle(shipped, "auto")
+    prompt = "Write a Python function that checks whether a number is prime."
+    vanilla = generate(smollm2, prompt, chat=True, max_new_tokens=40)
+    first = generate(smollm2, prompt, chat=True, max_new_tokens=40, method=method)
+    (learned,) = method.learned.values()
+    # as if drafting had paid 1 token/s: plain rounds, a probe after PROBE - 1 of them
+    learned.drafted, learned.drafting, learned.plain_rounds, learned.probe = [1.0, 1.0], False, 0, AutoSize.PROBE
+    second = generate(smollm2, prompt, chat=True, max_new_tokens=40, method=method)
+    assert first.token_ids == second.token_ids == vanilla.token_ids
+    (again,) = method.learned.values()
+    assert again is not learned
+    assert again.plain_total >= AutoSize.PROBE - 1  # plain from the start, then the probe drafted
+    assert again.sizes and second.tau >= 1

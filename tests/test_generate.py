@@ -6,7 +6,7 @@ from conftest import tiny_pair
 
 from eaglespec.decoding.generate import Generation, generate, prompt_ids
 from eaglespec.decoding.loop import DecodeStats, decode
-from eaglespec.decoding.sampling import SamplingParams, warp
+from eaglespec.decoding.sampling import Draws, SamplingParams, warp
 from eaglespec.errors import InvalidArgumentError, PromptTooLongError
 
 PROMPTS = [
@@ -98,8 +98,6 @@ def test_warp_top_k_and_top_p():
 def test_draws_follow_the_warped_distribution():
     """Single draws follow warp(); draws without replacement follow the sequential rule
     (second pick from q renormalized without the first). Chi-square-sized tolerances."""
-    from eaglespec.decoding.verify import Draws
-
     params = SamplingParams(temperature=1.0, top_k=3, seed=0)
     q = warp(torch.log(torch.tensor([0.4, 0.3, 0.2, 0.1])), params)
     draws = Draws(params.generator())

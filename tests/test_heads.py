@@ -10,9 +10,8 @@ import torch
 from safetensors import safe_open
 
 from eaglespec.decoding.eagle import EagleProposer
-from eaglespec.decoding.sampling import SamplingParams
+from eaglespec.decoding.sampling import Draws, SamplingParams
 from eaglespec.decoding.tree import parse_tree
-from eaglespec.decoding.verify import Draws
 from eaglespec.errors import InvalidArgumentError
 from eaglespec.heads.checkpoint import HeadMismatchError, load_head, save_head
 from eaglespec.heads.head import Eagle3Head, EagleHead, make_head

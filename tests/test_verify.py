@@ -9,9 +9,9 @@ import itertools
 import pytest
 import torch
 
-from eaglespec.decoding.sampling import SamplingParams, warp
+from eaglespec.decoding.sampling import Draws, SamplingParams, warp
 from eaglespec.decoding.tree import DraftTree
-from eaglespec.decoding.verify import Draws, accept_greedy, accept_sampled
+from eaglespec.decoding.verify import accept_greedy, accept_sampled
 
 V = 5
 

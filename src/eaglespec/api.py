@@ -11,11 +11,12 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from eaglespec.decoding.generate import Generation, GenerationOutput, generate
-from eaglespec.decoding.methods import Method, parse_method
-from eaglespec.heads.checkpoint import load_head
+from eaglespec.decoding.methods import NEEDS, Method, method_needs, method_spec, parse_method
+from eaglespec.errors import InvalidArgumentError
+from eaglespec.heads.checkpoint import load_head, shipped_head, shipped_heads
 from eaglespec.heads.head import DraftHead
 from eaglespec.models.load import Target, load_target
 from eaglespec.models.registry import DEFAULT_MODEL
@@ -26,6 +27,8 @@ class Model:
     target: Target
     head: DraftHead | None  # None: no EAGLE
     draft: Target | None = None  # a draft model for sps
+    # methods by name, made once, so that what `auto` learns carries from one generation to the next
+    methods: dict[str, Method | None] = field(default_factory=dict, compare=False, repr=False)
 
     def stream(self, prompt: str | list[int], *, method: str | Method | None = None, tree: str = "auto",
                **kwargs) -> Generation:
@@ -35,26 +38,37 @@ class Model:
         "sps[:K]" (with a draft model) or a `decoding.methods` object. Other keyword arguments are
         `Generation`'s: chat, max_new_tokens, do_sample, temperature, top_p, top_k, seed,
         stop_strings, ignore_eos."""
-        return Generation(self.target, prompt, method=self._method(method, tree), **kwargs)
+        return Generation(self.target, prompt, method=self.drafting(method, tree), **kwargs)
 
     def generate(self, prompt: str | list[int], *, method: str | Method | None = None, tree: str = "auto",
                  **kwargs) -> GenerationOutput:
         """Generate to the end (keyword arguments as for `stream`)."""
-        return generate(self.target, prompt, method=self._method(method, tree), **kwargs)
+        return generate(self.target, prompt, method=self.drafting(method, tree), **kwargs)
 
-    def _method(self, method: str | Method | None, tree: str) -> Method | None:
+    def drafting(self, method: str | Method | None = None, tree: str = "auto") -> Method | None:
+        """The method object for a name (as `stream` takes it; None: vanilla decoding), made once."""
         method = method or ("eagle" if self.head is not None else "vanilla")
         if not isinstance(method, str):
             return method
-        return parse_method(f"eagle:{tree}" if method == "eagle" else method, self.head, self.draft)
+        spec = method_spec(method, tree)
+        if spec not in self.methods:
+            if self.head is None and method_needs(spec) == "head":
+                raise InvalidArgumentError(
+                    f"method '{method}' needs {NEEDS['head']}; none is loaded for {self.target.name} (heads are "
+                    f"shipped for {shipped_heads()}; benchmarks/train_head.sh builds others)")
+            self.methods[spec] = parse_method(spec, self.head, self.draft)
+        return self.methods[spec]
 
 
 def load(model: str = DEFAULT_MODEL, head: str | None = "default", dtype: str = "bfloat16",
          device: str = "cpu", draft_model: str | None = None, weights: str = "dense") -> Model:
     """Load a target (bundled name, Hugging Face folder or .gguf), an EAGLE head for it
-    ('default': the shipped one; a folder from `eaglespec train`; None: no head) and optionally
-    a smaller draft model with the same tokenizer for classic speculative sampling. `weights`
-    int8 / int4 runs the target's matrices quantized (CPU)."""
+    ('default': the one we ship for the model, where there is one, else none; a folder from
+    `eaglespec train`; None: no head) and optionally a smaller draft model with the same tokenizer
+    for classic speculative sampling. `weights` int8 / int4 runs the target's matrices quantized
+    (CPU). Generation uses EAGLE where a head is loaded, else vanilla decoding."""
     target = load_target(model, dtype, device, weights)
+    if head == "default" and shipped_head(target.name) is None:
+        head = None
     draft = load_target(draft_model, dtype, device, weights) if draft_model else None
     return Model(target, load_head(head, target) if head is not None else None, draft)

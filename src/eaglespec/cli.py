@@ -5,10 +5,11 @@ from __future__ import annotations
 import json
 import os
 import sys
+from dataclasses import replace
 
 import click
 
-from eaglespec.errors import EaglespecError, UnknownModelError
+from eaglespec.errors import EaglespecError, InvalidArgumentError, UnknownModelError
 from eaglespec.models.registry import BUNDLED, DATASETS, DEFAULT_MODEL, DRAFT_MODELS, cache_root
 
 
@@ -82,10 +83,12 @@ def fetch(name: str) -> None:
 @click.option("--ignore-eos", is_flag=True, help="Keep generating past EOS (for benchmarks).")
 @click.option("--dtype", type=click.Choice(["bfloat16", "float32"]), default="bfloat16", show_default=True)
 @weights_option
-@click.option("--method", default="vanilla", show_default=True,
-              help="vanilla | eagle[:TREE] | sps[:K] (with --draft-model) | pld[:K]; --tree sets eagle's tree.")
+@click.option("--method", default=None,
+              help="vanilla | eagle[:TREE] | sps[:K] (with --draft-model) | pld[:K]; --tree sets eagle's tree. "
+                   "Default: eagle where a head is loaded, else vanilla.")
 @click.option("--head", "head_spec", default="default", show_default=True,
-              help="EAGLE head: a folder from `eaglespec train`, or 'default' for the shipped one.")
+              help="EAGLE head: a folder from `eaglespec train`, or 'default' for the one we ship for the model "
+                   "(where there is one).")
 @click.option("--tree", default="auto", show_default=True,
               help="EAGLE draft tree: eagle1 | chain:K | dynamic[:topk=T,depth=D,tokens=N] | auto.")
 @click.option("--draft-model", default=None, help="Draft model for sps (same tokenizer as --model).")
@@ -96,38 +99,36 @@ def fetch(name: str) -> None:
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object instead of streaming text.")
 def generate(model_spec: str, prompt: str, chat: bool, max_new_tokens: int, temperature: float,
              top_p: float, top_k: int, seed: int | None, stop: tuple[str, ...], ignore_eos: bool,
-             dtype: str, weights: str, method: str, head_spec: str, tree: str, draft_model: str | None,
+             dtype: str, weights: str, method: str | None, head_spec: str, tree: str, draft_model: str | None,
              compare_vanilla: bool, device: str, threads: int | None, as_json: bool) -> None:
     """Generate text, streamed as it is produced, with timing on stderr."""
     import torch
 
-    from eaglespec.decoding.generate import Generation
-    from eaglespec.decoding.generate import generate as generate_text
+    from eaglespec.api import load
     from eaglespec.decoding.loop import check_max_new_tokens
-    from eaglespec.decoding.methods import method_name, parse_method
+    from eaglespec.decoding.methods import NEEDS, method_needs, method_spec
     from eaglespec.decoding.sampling import SamplingParams
-    from eaglespec.heads.checkpoint import load_head
-    from eaglespec.models.load import load_target
+    from eaglespec.decoding.tree import parse_tree
 
     check_max_new_tokens(max_new_tokens)  # reject bad values before loading anything
     SamplingParams(temperature=temperature, top_p=top_p, top_k=top_k)
-    if method == "eagle":
-        method = f"eagle:{tree}"
-    name = method_name(method)
-    if name == "sps" and not draft_model:
-        parse_method(method)  # raises: sps needs a draft model
+    parse_tree(tree)
+    needs = method_needs(method_spec(method, tree)) if method else "head"
+    if needs == "draft" and not draft_model:
+        raise InvalidArgumentError(f"method '{method}' needs {NEEDS['draft']}")
     if threads:
         torch.set_num_threads(threads)
-    target = load_target(model_spec, dtype, device, weights)
-    head = load_head(head_spec, target) if name == "eagle" else None
-    draft = load_target(draft_model, dtype, device, weights) if name == "sps" and draft_model else None
-    drafting = parse_method(method, head, draft)
+    model = load(model_spec, head_spec if needs == "head" else None, dtype, device,
+                 draft_model if needs == "draft" else None, weights)
     settings = {"chat": chat, "max_new_tokens": max_new_tokens, "temperature": temperature, "top_p": top_p,
-                "top_k": top_k, "seed": seed, "stop_strings": stop, "ignore_eos": ignore_eos}
-    if compare_vanilla:  # warm both paths up, so that neither timed run pays first-call costs
-        for warm in (drafting, None):
-            generate_text(target, prompt, method=warm, **(settings | {"max_new_tokens": 8}))
-    generation = Generation(target, prompt, method=drafting, **settings)
+                "top_k": top_k, "seed": seed, "stop_strings": stop, "ignore_eos": ignore_eos,
+                "method": method, "tree": tree}
+    if compare_vanilla:  # warm both paths up, so that neither timed run pays first-call costs; on a
+        # copy with methods of its own, so that the timed run starts as a lone generation does
+        warm = replace(model, methods={})
+        for each in (method, "vanilla"):
+            warm.generate(prompt, **(settings | {"method": each, "max_new_tokens": 8}))
+    generation = model.stream(prompt, **settings)
     if as_json:
         for _ in generation:
             pass
@@ -139,7 +140,7 @@ def generate(model_spec: str, prompt: str, chat: bool, max_new_tokens: int, temp
         sys.stdout.flush()  # the text before the timing lines on stderr
         click.echo(_timing(generation.output), err=True)
     if compare_vanilla:
-        vanilla = generate_text(target, prompt, **settings)
+        vanilla = model.generate(prompt, **(settings | {"method": "vanilla"}))
         speedup = generation.output.tokens_per_s / vanilla.tokens_per_s
         if as_json:
             result |= {"vanilla_tokens_per_s": vanilla.tokens_per_s, "speedup": speedup}
@@ -268,22 +269,20 @@ def regenerate(model_spec, data, split, limit, turns, max_new_tokens, max_prompt
     """Answer training conversations with the target itself (self-distilled data; resumable)."""
     import torch
 
-    from eaglespec.decoding.methods import method_name, parse_method
-    from eaglespec.heads.checkpoint import load_head
-    from eaglespec.models.load import load_target
+    from eaglespec.api import load
+    from eaglespec.decoding.methods import method_needs
     from eaglespec.training.regenerate import RegenerateConfig
     from eaglespec.training.regenerate import regenerate as run_regenerate
 
     config = RegenerateConfig(model_spec, data, split, limit, turns, max_new_tokens, max_prompt_tokens, method,
                               heldout_fraction, seed, shard_size)
-    name = method_name(method)
-    if name == "sps":
+    needs = method_needs(method)
+    if needs == "draft":
         raise EaglespecError("regenerate drafts with vanilla, eagle or pld (no draft model here)")
     if threads:
         torch.set_num_threads(threads)
-    target = load_target(model_spec)
-    drafting = parse_method(method, load_head(head_spec, target) if name == "eagle" else None)
-    summary = run_regenerate(target, config, out, drafting, max_minutes)
+    model = load(model_spec, head_spec if needs == "head" else None)
+    summary = run_regenerate(model.target, config, out, model.drafting(method), max_minutes)
     click.echo(f"{out}: {summary}")
 
 

@@ -25,7 +25,7 @@ from tqdm import tqdm
 from eaglespec.bench.datasets import Item, load_items
 from eaglespec.bench.llamacpp import PEERS, LlamaServer, peer_gguf, programs, tau
 from eaglespec.decoding.generate import chat_ids, generate
-from eaglespec.decoding.methods import METHOD_HELP, PromptLookup, method_name, parse_method
+from eaglespec.decoding.methods import METHOD_HELP, PromptLookup, method_needs, parse_method
 from eaglespec.errors import InvalidArgumentError
 from eaglespec.timing import Clock, machine
 
@@ -86,7 +86,7 @@ def check_methods(methods: tuple[str, ...], draft_model: str | None) -> None:
             needs_draft = spec in ("hf-assisted", "llama.cpp-draft")
         else:
             try:
-                needs_draft = method_name(spec) == "sps"
+                needs_draft = method_needs(spec) == "draft"
             except InvalidArgumentError as err:
                 raise InvalidArgumentError(f"{err} | {' | '.join(EXTERNAL)}") from None
         if needs_draft and not draft_model:
@@ -100,23 +100,22 @@ class Bench:
     """Loads what the methods need, checks every method against the model, then runs."""
 
     def __init__(self, config: BenchConfig):
+        from eaglespec.api import load
         from eaglespec.decoding.draft_model import check_draft_model
-        from eaglespec.heads.checkpoint import load_head
-        from eaglespec.models.load import load_target
 
         methods = config.methods if "vanilla" in config.methods else ("vanilla", *config.methods)
         self.config = BenchConfig(**(asdict(config) | {"methods": methods}))
         check_methods(methods, config.draft_model)
         self.items = load_items(config.dataset, config.limit)
-        self.target = load_target(config.model, config.dtype, config.device, config.weights)
+        needs = {method_needs(m) if m not in EXTERNAL else m for m in methods}
+        model = load(config.model, config.head if "head" in needs else None, config.dtype, config.device,
+                     config.draft_model if needs & {"draft", "hf-assisted"} else None, config.weights)
+        self.target, self.draft = model.target, model.draft
         chat_ids(self.target, [{"role": "user", "content": "x"}])  # refuses a model without a chat template
-        needs = {method_name(m) if m not in EXTERNAL else m for m in methods}
-        self.head = load_head(config.head, self.target) if "eagle" in needs and config.head else None
-        self.draft = None
-        if needs & {"sps", "hf-assisted"}:
-            self.draft = load_target(config.draft_model, config.dtype, config.device, config.weights)
+        if self.draft:
             check_draft_model(self.target, self.draft)
-        self.ours = {m: parse_method(m, self.head, self.draft) for m in methods if m not in EXTERNAL}
+        # one object per listed method, even where two specs name the same one (eagle, eagle:auto)
+        self.ours = {m: parse_method(m, model.head, model.draft) for m in methods if m not in EXTERNAL}
         self.hf = self.hf_draft = None
         if needs & set(REFERENCES):
             self.hf = _hf_model(self.target.folder, config.dtype, config.device)

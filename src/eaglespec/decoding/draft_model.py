@@ -12,9 +12,8 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from eaglespec.decoding.sampling import SamplingParams, warp
+from eaglespec.decoding.sampling import Draws, SamplingParams, warp
 from eaglespec.decoding.tree import DraftTree, TreeShape, parse_tree
-from eaglespec.decoding.verify import Draws
 from eaglespec.errors import InvalidArgumentError
 from eaglespec.models.decoder import Decoder
 

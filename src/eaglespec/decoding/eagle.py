@@ -19,9 +19,8 @@ import math
 import torch
 from torch import Tensor
 
-from eaglespec.decoding.sampling import SamplingParams, warp
+from eaglespec.decoding.sampling import Draws, SamplingParams, warp
 from eaglespec.decoding.tree import DraftTree, TreeShape
-from eaglespec.decoding.verify import Draws
 from eaglespec.errors import InvalidArgumentError
 from eaglespec.heads.head import DraftHead
 from eaglespec.timing import Clock
@@ -29,8 +28,9 @@ from eaglespec.timing import Clock
 
 class EagleProposer:
     def __init__(self, head: DraftHead, shape: TreeShape, params: SamplingParams, draws: Draws, capacity: int,
-                 verify_costs: list[float] | None = None):
-        """`verify_costs` (the target's `Decoder.verify_costs()`) sizes the `auto` tree."""
+                 verify_costs: list[float] | None = None, earlier: AutoSize | None = None):
+        """`verify_costs` (the target's `Decoder.verify_costs()`) sizes the `auto` tree, starting from
+        what an `earlier` generation's sizing learned."""
         if head.input_variant != "feature+shifted-token":
             raise InvalidArgumentError(
                 f"this head reads '{head.input_variant}' (an ablation variant); decoding needs a "
@@ -43,9 +43,10 @@ class EagleProposer:
         self.device = head.weight_like.device
         self.pending: tuple[Tensor, Tensor] | None = None  # (features [1, m, H], tokens [1, m])
         self.waited = 0  # of the pending entries, those from rounds that did not draft
+        self.prompt_waiting = 0  # of the pending entries, the prompt's (the head has not run it yet)
         if shape.paths is not None:
             self.static = _static_plan(shape.paths)
-        self.auto = AutoSize(verify_costs) if shape.auto else None
+        self.auto = AutoSize(verify_costs, earlier) if shape.auto else None
         self.clock = Clock(self.device)
 
     @property
@@ -57,6 +58,7 @@ class EagleProposer:
         """features [1, P - 1, H] of the prefilled prompt[:-1] (None for a one-token prompt)."""
         if features is not None:
             self.pending = (features, torch.tensor([prompt_ids[1:]], device=self.device))
+            self.prompt_waiting = features.shape[1]
 
     def accept(self, tokens: list[int], features: Tensor) -> None:
         """tokens: the round's accepted tokens (bonus last); features [1, len(tokens), H]: the
@@ -81,9 +83,10 @@ class EagleProposer:
         features, tokens = self.pending
         started = self.clock.now()
         root_feature = self.head(self.head.lift(features), tokens, self.cache)[0, -1]
-        if self.auto and self.waited:  # the entries of plain rounds: a cost of those rounds
-            self.auto.catch_up((self.clock.now() - started) * self.waited / tokens.shape[1])
-        self.pending, self.waited = None, 0
+        if self.auto:  # the head's pass over the entries of plain rounds and of the prompt
+            per_entry = (self.clock.now() - started) / tokens.shape[1]
+            self.auto.catch_up(per_entry * self.waited, per_entry * self.prompt_waiting)
+        self.pending, self.waited, self.prompt_waiting = None, 0, 0
         self.committed = self.cache.length
         self.expanded: dict[int, int] = {}  # node -> cache slot of its draft entry
         if max_depth < 1:
@@ -201,7 +204,8 @@ class EagleProposer:
 class AutoSize:
     """Sizes the `auto` tree each round for the machine at hand. A draft path's probability
     (exp of its cumulative log-probability), scaled by the measured ratio of accepted to predicted
-    tokens, estimates how often the target accepts it. The round verifies the n best nodes that
+    tokens (sums that decay by CALIBRATION_MEMORY per drafting round), estimates how often the
+    target accepts it. The round verifies the n best nodes that
     maximize (1 + expected accepted) / (draft time + measured verify cost of n + 1 tokens), and
     drafting expands only the nodes that the best tree so far takes (`frontier`) and stops deepening
     once the next level's expected tokens are worth less than its time. Where even the best tree
@@ -210,15 +214,19 @@ class AutoSize:
     kind; as on CPUs whose forwards cost in proportion to their tokens), rounds decode plainly, one
     in PROBE drafting again to measure anew; each probe that finds drafting still slower doubles
     the wait, up to MAX_PROBE rounds. The head's pass over the entries that waited through rounds
-    without a draft counts as those rounds' time (`catch_up`).
+    without a draft counts as those rounds' time, and its pass over the prompt as no round's
+    (`catch_up`). A generation starts from what the `earlier` one learned (the calibration, both
+    rates, the plain rounds towards the next probe and the probe's wait), so that a process that
+    found drafting slower does not pay to find it again, the head's pass over each prompt included.
     """
 
     PROBE, MAX_PROBE = 8, 32
     MEMORY = 0.9
+    CALIBRATION_MEMORY = 0.98  # per drafting round, of the sums behind the calibration
 
-    def __init__(self, verify_costs: list[float]):
+    def __init__(self, verify_costs: list[float], earlier: AutoSize | None = None):
         self.costs = list(verify_costs)
-        self.accepted, self.predicted = 1.0, 1.0  # running sums behind the calibration
+        self.accepted, self.predicted = 1.0, 1.0  # decaying sums behind the calibration
         # (tokens, seconds) of drafting rounds and of rounds without a draft, each sum decaying by MEMORY
         # per round of its kind, both starting as one round of vanilla decoding
         self.drafted = [1.0, max(verify_costs[1], 1e-6)]
@@ -226,8 +234,12 @@ class AutoSize:
         self.drafting = True  # whether this round drafts
         self.plain_rounds = 0  # rounds without a draft since the last drafting one
         self.probe = self.PROBE  # a drafting round after this many rounds (plain ones before it)
+        if earlier is not None:
+            self.accepted, self.predicted = earlier.accepted, earlier.predicted
+            self.drafted, self.plain = list(earlier.drafted), list(earlier.plain)
+            # the earlier generation's last round was not measured; a plain one still counts towards the probe
+            self.plain_rounds, self.probe = earlier.plain_rounds + (not earlier.drafting), earlier.probe
         self.plain_total = 0
-        self.rounds = 0
         self.level_time = 0.0  # the last draft level's seconds
         self.round_start = 0.0
         self.round_tokens = 0  # tokens the last round accepted
@@ -235,30 +247,31 @@ class AutoSize:
         self.sizes: list[int] = []
 
     def start_round(self, now: float) -> None:
-        self.rounds += 1
-        if self.round_tokens and self.rounds > 2:  # (the first round also runs the head over the prompt)
+        if self.round_tokens:  # the last round of this generation, measured
             sums = self.drafted if self.drafting else self.plain
             sums[:] = [self.MEMORY * sums[0] + self.round_tokens, self.MEMORY * sums[1] + now - self.round_start]
-        if self.rate >= self.plain_rate:
-            self.probe = self.PROBE
-        elif self.drafting and self.plain_rounds >= self.probe - 1:  # a probe found drafting still slower
-            self.probe = min(2 * self.probe, self.MAX_PROBE)
-        self.plain_rounds = 0 if self.drafting else self.plain_rounds + 1
+            if self.rate >= self.plain_rate:
+                self.probe = self.PROBE
+            elif self.drafting and self.plain_rounds >= self.probe - 1:  # a probe found drafting still slower
+                self.probe = min(2 * self.probe, self.MAX_PROBE)
+            self.plain_rounds = 0 if self.drafting else self.plain_rounds + 1
         self.drafting = self.rate >= self.plain_rate or self.plain_rounds >= self.probe - 1
         self.plain_total += not self.drafting
         self.round_start, self.round_tokens = now, 0
 
-    def catch_up(self, seconds: float) -> None:
-        """This drafting round spent `seconds` running the head over the entries that waited through
-        rounds without a draft: counted as theirs, so that skipping drafts is not paid by drafting."""
-        self.round_start += seconds
-        self.plain[1] += seconds
+    def catch_up(self, waited: float, prompt: float) -> None:
+        """This drafting round spent `waited` seconds running the head over the entries that waited
+        through rounds without a draft, counted as theirs so that skipping drafts is not paid by
+        drafting, and `prompt` seconds over the prompt's, a cost of the generation, not of a round."""
+        self.round_start += waited + prompt
+        self.plain[1] += waited
 
     def finish_round(self, tokens: int) -> None:
         self.round_tokens = tokens
         if self.drafting:
-            self.accepted += tokens - 1  # the bonus token is not a draft token
-            self.predicted += self.prediction
+            m = self.CALIBRATION_MEMORY
+            self.accepted = m * self.accepted + tokens - 1  # the bonus token is not a draft token
+            self.predicted = m * self.predicted + self.prediction
 
     @property
     def rate(self) -> float:

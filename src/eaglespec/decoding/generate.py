@@ -78,11 +78,11 @@ class Generation:
             temperature = (temperature or 1.0) if do_sample else 0.0
         self.params = SamplingParams(temperature=temperature, top_p=top_p, top_k=top_k, seed=seed)
         check_max_new_tokens(max_new_tokens)
-        self.method = method
-        self.make_proposer = method.bind(target, self.params) if method else None
         self.target = target
         self.ids = prompt if isinstance(prompt, list) else prompt_ids(target, prompt, chat)
         check_prompt(target.model, self.ids)
+        self.method = method
+        self.make_proposer = method.bind(target, self.params) if method else None
         self.max_new_tokens = max_new_tokens
         self.stop = [s for s in stop_strings if s]
         self.eos = frozenset() if ignore_eos else target.eos_token_ids

@@ -18,9 +18,9 @@ from typing import Protocol
 import torch
 from torch import Tensor
 
-from eaglespec.decoding.sampling import SamplingParams
+from eaglespec.decoding.sampling import Draws, SamplingParams
 from eaglespec.decoding.tree import DraftTree, TreeShape
-from eaglespec.decoding.verify import Draws, verify
+from eaglespec.decoding.verify import verify
 from eaglespec.errors import InvalidArgumentError, PromptTooLongError
 from eaglespec.models.decoder import Decoder
 from eaglespec.timing import Clock
@@ -92,6 +92,10 @@ class Proposer(Protocol):
     def propose(self, max_depth: int) -> DraftTree: ...
 
     def accept(self, tokens: list[int], features: Tensor) -> None: ...
+
+    def describe(self) -> str:
+        """The draft's shape, for reports (`GenerationOutput.tree`)."""
+        ...
 
 
 @torch.inference_mode()

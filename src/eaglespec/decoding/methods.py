@@ -4,6 +4,10 @@ A method is a recipe checked when it is made; `bind` prepares it for a target an
 settings (outside any timed generation) and returns the factory `decode` calls for a fresh
 proposer per generation. No method (None) is vanilla decoding.
 
+Each method registers its name (`@register`), parses the text after "name:" in its spec
+(`options`, checked before anything is loaded) and says what it needs loaded beside the target
+(`needs`: an EAGLE head, a draft model, or nothing); `parse_method` makes one from a spec.
+
     eagle[:TREE]   EAGLE head drafting a tree (TREE: see `decoding.tree.parse_tree`; default auto)
     sps[:K]        classic speculative sampling: a smaller draft model drafts a chain of K (4)
     pld[:K]        prompt lookup: a chain of tokens copied from the prompt and output, as much of it
@@ -12,7 +16,9 @@ proposer per generation. No method (None) is vanilla decoding.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from typing import ClassVar
+from weakref import WeakKeyDictionary
 
 from eaglespec.decoding.draft_model import DraftModelProposer, check_draft_model
 from eaglespec.decoding.eagle import EagleProposer
@@ -21,48 +27,100 @@ from eaglespec.decoding.sampling import SamplingParams
 from eaglespec.decoding.tree import TREE_HELP, parse_tree
 from eaglespec.errors import InvalidArgumentError
 
-METHOD_HELP = f"vanilla | eagle[:TREE] ({TREE_HELP}) | sps[:K] | pld[:K]"
+METHODS: dict[str, type] = {}  # name -> method class, in registration order
+NEEDS = {  # what a method can need loaded, and what to do when it is missing
+    "head": "an EAGLE head: --head PATH (a folder from `eaglespec train`), or --head default where one is "
+            "shipped (heads/); in Python eaglespec.load(model, head=...)",
+    "draft": "a draft model with the target's tokenizer: --draft-model NAME, or eaglespec.load(model, draft_model=NAME)",
+}
 
 
+def register(cls: type) -> type:
+    METHODS[cls.name] = cls
+    return cls
+
+
+def _count(name: str, arg: str) -> int:
+    """The K of name:K: a whole number >= 1."""
+    if not (arg.isdigit() and int(arg) >= 1):
+        raise InvalidArgumentError(f"method '{name}:{arg}': expected {name}:K with K >= 1 draft tokens")
+    return int(arg)
+
+
+@register
 @dataclass(frozen=True)
 class Eagle:
     head: object  # EagleHead
     tree: str = "auto"
-    name = "eagle"
+    name: ClassVar[str] = "eagle"
+    syntax: ClassVar[str] = f"eagle[:TREE] ({TREE_HELP})"
+    needs: ClassVar[str] = "head"
+    # per target model, then per sampling setting: the `auto` sizing of the last generation started,
+    # where the next one starts
+    learned: WeakKeyDictionary = field(default_factory=WeakKeyDictionary, init=False, compare=False, repr=False)
 
     def __post_init__(self):
         parse_tree(self.tree)
 
+    @staticmethod
+    def options(arg: str) -> dict:
+        parse_tree(arg or "auto")
+        return {"tree": arg} if arg else {}
+
     def bind(self, target, params: SamplingParams):
         shape = parse_tree(self.tree)
-        costs = target.model.verify_costs() if shape.auto else None  # measured once per model
-        return lambda draws, capacity: EagleProposer(self.head, shape, params, draws, capacity, costs)
+        if not shape.auto:
+            return lambda draws, capacity: EagleProposer(self.head, shape, params, draws, capacity)
+        costs = target.model.verify_costs()  # measured once per model
+        learned = self.learned.setdefault(target.model, {})
+        key = (params.temperature, params.top_p, params.top_k)
+
+        def make(draws, capacity):
+            proposer = EagleProposer(self.head, shape, params, draws, capacity, costs, learned.get(key))
+            learned[key] = proposer.auto
+            return proposer
+
+        return make
 
 
+@register
 @dataclass(frozen=True)
 class DraftModel:
     draft: object  # a Target with the target's tokenizer
     num_tokens: int = 4
-    name = "sps"
+    name: ClassVar[str] = "sps"
+    syntax: ClassVar[str] = "sps[:K]"
+    needs: ClassVar[str] = "draft"
 
     def __post_init__(self):
         if self.num_tokens < 1:
             raise InvalidArgumentError(f"speculative sampling needs at least 1 draft token, got {self.num_tokens}")
+
+    @staticmethod
+    def options(arg: str) -> dict:
+        return {"num_tokens": _count("sps", arg)} if arg else {}
 
     def bind(self, target, params: SamplingParams):
         check_draft_model(target, self.draft)
         return lambda draws, capacity: DraftModelProposer(self.draft.model, self.num_tokens, params, draws, capacity)
 
 
+@register
 @dataclass(frozen=True)
 class PromptLookup:
     num_tokens: int = 10
     max_ngram: int = 2
     sized: bool = False  # verify as much of each match as pays here (`pld`), not all of it (`pld:K`)
-    name = "pld"
+    name: ClassVar[str] = "pld"
+    syntax: ClassVar[str] = "pld[:K]"
+    needs: ClassVar[str] = ""
 
     def __post_init__(self):
         PromptLookupProposer(self.num_tokens, self.max_ngram)  # checks the numbers
+
+    @staticmethod
+    def options(arg: str) -> dict:
+        return {"num_tokens": _count("pld", arg)} if arg else {"sized": True}
 
     def bind(self, target, params: SamplingParams):
         costs = target.model.verify_costs() if self.sized else None  # measured once per model
@@ -70,41 +128,41 @@ class PromptLookup:
 
 
 Method = Eagle | DraftModel | PromptLookup
+METHOD_HELP = " | ".join(["vanilla", *(cls.syntax for cls in METHODS.values())])
 
 
-def method_name(spec: str) -> str:
-    """Check a method's command-line name without loading anything; returns vanilla, eagle,
-    sps or pld."""
+def method_spec(method: str, tree: str = "auto") -> str:
+    """The spec of a method name as the CLI and the Python API take it: bare "eagle" drafts `tree`."""
+    return f"eagle:{tree}" if method == "eagle" else method
+
+
+def _lookup(spec: str) -> tuple[type | None, dict]:
+    """The method class of a spec (None: vanilla) and its constructor options; raises a one-line
+    error on an unknown name or bad options."""
     name, colon, arg = spec.strip().partition(":")
     if name == "vanilla" and not colon:
-        return name
-    if name == "eagle":
-        parse_tree(arg or "auto")
-        return name
-    if name in ("sps", "pld"):
-        if colon and not (arg.isdigit() and int(arg) >= 1):
-            raise InvalidArgumentError(f"method '{spec}': expected {name}:K with K >= 1 draft tokens")
-        return name
-    raise InvalidArgumentError(f"unknown method '{spec}': expected {METHOD_HELP}")
+        return None, {}
+    if name not in METHODS:
+        raise InvalidArgumentError(f"unknown method '{spec}': expected {METHOD_HELP}")
+    if colon and not arg:
+        raise InvalidArgumentError(f"method '{spec}': give what follows the colon, or drop the colon")
+    return METHODS[name], METHODS[name].options(arg)
+
+
+def method_needs(spec: str) -> str:
+    """What a method needs loaded beside the target: "head", "draft" or "" (checks the spec
+    without loading anything)."""
+    cls, _ = _lookup(spec)
+    return cls.needs if cls else ""
 
 
 def parse_method(spec: str, head=None, draft=None) -> Method | None:
     """A method from its command-line name; `head` and `draft` (a draft model's Target) are
-    what eagle and sps need. Raises a one-line error on anything else."""
-    name = method_name(spec)
-    arg = spec.strip().partition(":")[2]
-    if name == "vanilla":
+    what the methods that need them get. Raises a one-line error on anything else."""
+    cls, options = _lookup(spec)
+    if cls is None:
         return None
-    if name == "eagle":
-        if head is None:
-            raise InvalidArgumentError(
-                "method 'eagle' needs an EAGLE head: --head default (or a head folder), or "
-                "eaglespec.load(model, head='default')")
-        return Eagle(head, arg or "auto")
-    if name == "pld":
-        return PromptLookup(int(arg)) if arg else PromptLookup(sized=True)
-    if draft is None:
-        raise InvalidArgumentError(
-            "method 'sps' needs a draft model with the target's tokenizer: --draft-model NAME, or "
-            "eaglespec.load(model, draft_model=NAME)")
-    return DraftModel(draft, int(arg)) if arg else DraftModel(draft)
+    loaded = {"head": head, "draft": draft, "": None}[cls.needs]
+    if cls.needs and loaded is None:
+        raise InvalidArgumentError(f"method '{spec.strip()}' needs {NEEDS[cls.needs]}")
+    return cls(loaded, **options) if cls.needs else cls(**options)

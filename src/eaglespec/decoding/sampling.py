@@ -1,4 +1,5 @@
-"""Sampling parameters and the warpers that turn logits into the distribution we sample from.
+"""Sampling parameters, the warpers that turn logits into the distribution we sample from, and
+the random draws of decoding.
 
 The same warpers later apply to the target's p and to a draft's q, so speculative sampling
 targets exactly the distribution that plain sampling draws from.
@@ -59,3 +60,24 @@ def warp(logits: Tensor, params: SamplingParams) -> Tensor:
         probs = probs / probs.sum(-1, keepdim=True)
     return probs
 
+
+class Draws:
+    """The random choices of decoding, from one seeded generator."""
+
+    def __init__(self, generator: torch.Generator):
+        self.generator = generator
+
+    def accept(self, probability: float) -> bool:
+        return torch.rand((), generator=self.generator, device=self.generator.device).item() < probability
+
+    def sample(self, probs: Tensor) -> int:
+        return int(torch.multinomial(probs, 1, generator=self.generator))
+
+    def distinct(self, probs: Tensor, k: int) -> list[list[int]]:
+        """For each row of probs [R, V], up to k indices drawn in order without replacement (fewer
+        where the row has fewer tokens with mass). The largest q / Exp(1) keys come in the order
+        of sequential draws, each from q renormalized without the ones before it."""
+        keys = probs / torch.empty_like(probs).exponential_(generator=self.generator)
+        top = keys.topk(min(k, probs.shape[-1]), dim=-1).indices.tolist()
+        support = (probs > 0).sum(-1).tolist()
+        return [row[:n] for row, n in zip(top, support)]

@@ -9,7 +9,7 @@ Deterministic children (top-k) are point-mass proposals: q = one-hot(x). Either 
 round's tokens follow the target's warped distribution exactly (tests/test_verify.py
 enumerates it).
 
-Every random choice goes through `Draws`, so a test can enumerate all of them.
+Every random choice goes through `sampling.Draws`, so a test can enumerate all of them.
 """
 
 from __future__ import annotations
@@ -17,30 +17,8 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from eaglespec.decoding.sampling import SamplingParams, warp
+from eaglespec.decoding.sampling import Draws, SamplingParams, warp
 from eaglespec.decoding.tree import DraftTree
-
-
-class Draws:
-    """The random choices of decoding, from one seeded generator."""
-
-    def __init__(self, generator: torch.Generator):
-        self.generator = generator
-
-    def accept(self, probability: float) -> bool:
-        return torch.rand((), generator=self.generator, device=self.generator.device).item() < probability
-
-    def sample(self, probs: Tensor) -> int:
-        return int(torch.multinomial(probs, 1, generator=self.generator))
-
-    def distinct(self, probs: Tensor, k: int) -> list[list[int]]:
-        """For each row of probs [R, V], up to k indices drawn in order without replacement (fewer
-        where the row has fewer tokens with mass). The largest q / Exp(1) keys come in the order
-        of sequential draws, each from q renormalized without the ones before it."""
-        keys = probs / torch.empty_like(probs).exponential_(generator=self.generator)
-        top = keys.topk(min(k, probs.shape[-1]), dim=-1).indices.tolist()
-        support = (probs > 0).sum(-1).tolist()
-        return [row[:n] for row, n in zip(top, support)]
 
 
 class Residual:

@@ -67,13 +67,23 @@ def save_head(head: DraftHead, folder: Path, target_name: str, info: dict | None
     shutil.rmtree(old, ignore_errors=True)
 
 
+def shipped_head(target_name: str) -> Path | None:
+    """The folder of the head we ship for a model, if there is one."""
+    folder = SHIPPED / target_name
+    return folder if (folder / "config.json").is_file() else None
+
+
+def shipped_heads() -> str:
+    """The models we ship heads for, as text."""
+    return ", ".join(sorted(p.parent.name for p in SHIPPED.glob("*/config.json"))) or "none yet"
+
+
 def resolve_head(spec: str, target_name: str) -> Path:
     if spec == "default":
-        folder = SHIPPED / target_name
-        if not (folder / "config.json").is_file():
-            shipped = ", ".join(sorted(p.parent.name for p in SHIPPED.glob("*/config.json"))) or "none yet"
+        folder = shipped_head(target_name)
+        if folder is None:
             raise InvalidArgumentError(
-                f"no shipped head for '{target_name}' (shipped: {shipped}); "
+                f"no shipped head for '{target_name}' (shipped: {shipped_heads()}); "
                 "pass --head PATH to a head trained with `eaglespec train` (benchmarks/train_head.sh "
                 "holds the recipes; qwen2.5-coder-1.5b-instruct's head is built there, not shipped)"
             )

@@ -45,18 +45,23 @@ def chain_predictions(head: DraftHead, sample: dict[str, torch.Tensor], depth: i
     return head.unroll(head_inputs(head, sample).to(device, dtype), tokens, depth, cache)
 
 
-def chain_agreement(head: DraftHead, sample: dict[str, torch.Tensor], depth: int = 4) -> tuple[list[int], list[int]]:
-    """Per n = 0..depth: (top-1 agreements, positions scored) on one conversation's features."""
+def chain_hits(head: DraftHead, sample: dict[str, torch.Tensor], depth: int = 4) -> list[tuple[torch.Tensor, torch.Tensor]]:
+    """Per n = 0..depth: (whether the draft's top-1 equals the target's greedy token, whether the
+    position is scored), both [L - n] over the positions k + 1 .. of the conversation."""
     valid = sample["loss_mask"].bool()
     argmax = sample["target_argmax"].long()
-    correct, counts = [0] * (depth + 1), [0] * (depth + 1)
+    hits = []
     for k, predicted in enumerate(chain_predictions(head, sample, depth)):
         n = len(predicted)
         draft = head.to_target(head.logits(predicted).argmax(-1)).cpu()
-        scored = valid[k + 1:k + 1 + n]
-        correct[k] = int(((draft == argmax[k + 1:k + 1 + n]) & scored).sum())
-        counts[k] = int(scored.sum())
-    return correct, counts
+        hits.append((draft == argmax[k + 1:k + 1 + n], valid[k + 1:k + 1 + n]))
+    return hits
+
+
+def chain_agreement(head: DraftHead, sample: dict[str, torch.Tensor], depth: int = 4) -> tuple[list[int], list[int]]:
+    """Per n = 0..depth: (top-1 agreements, positions scored) on one conversation's features."""
+    hits = chain_hits(head, sample, depth)
+    return [int((hit & scored).sum()) for hit, scored in hits], [int(scored.sum()) for _, scored in hits]
 
 
 def evaluate(head: DraftHead, samples, depth: int = 4) -> dict:
@@ -77,16 +82,27 @@ def held_out_alpha(model: str, head_spec: str, limit: int, depth: int = 4, dtype
 
     Features come from a target forward of each conversation (nothing is written to disk).
     """
-    from eaglespec.heads.checkpoint import load_head, resolve_head
+    from eaglespec.heads.checkpoint import load_head
     from eaglespec.models.load import load_target
-    from eaglespec.training.data import ReadReport, render
-    from eaglespec.training.features import ExtractConfig, select, target_outputs
 
     target = load_target(model, dtype)
     head = load_head(head_spec, target)
+    source, conversations, samples = held_out_samples(target, head, head_spec, limit, data)
+    return {"model": model, "head": head_spec, "data": source, **evaluate(head, samples, depth),
+            "conversations": len(conversations)}
+
+
+def held_out_samples(target, head: DraftHead, head_spec: str, limit: int, data: str | None = None):
+    """(source, conversations, samples): the held-out conversations of the split `head_spec` was
+    trained with (or of `data`, split the same way) and a generator of their samples (token ids,
+    loss mask and the target's outputs, from a forward of each)."""
+    from eaglespec.heads.checkpoint import resolve_head
+    from eaglespec.training.data import ReadReport, render
+    from eaglespec.training.features import ExtractConfig, select, target_outputs
+
     trained = json.loads((resolve_head(head_spec, target.name) / "config.json").read_text())
     split = trained.get("eaglespec", {}).get("split", {})
-    config = ExtractConfig(model, data or split.get("source", "sharegpt"), "heldout", limit,
+    config = ExtractConfig(target.name, data or split.get("source", "sharegpt"), "heldout", limit,
                            split.get("max_len", 2048), split.get("heldout_fraction", 0.02), split.get("seed", 0))
     conversations = select(config, ReadReport())
 
@@ -95,5 +111,4 @@ def held_out_alpha(model: str, head_spec: str, limit: int, depth: int = 4, dtype
             ids, mask = render(target.tokenizer, conversation, config.max_len)
             yield {"tokens": torch.tensor(ids), "loss_mask": torch.tensor(mask), **target_outputs(target, ids, head.reads)}
 
-    return {"model": model, "head": head_spec, "data": config.source, **evaluate(head, samples(), depth),
-            "conversations": len(conversations)}
+    return config.source, conversations, samples()
