@@ -183,12 +183,12 @@ def test_auto_starts_a_generation_from_what_the_last_one_learned(smollm2, shippe
     prompt = "Write a Python function that checks whether a number is prime."
     vanilla = generate(smollm2, prompt, chat=True, max_new_tokens=40)
     first = generate(smollm2, prompt, chat=True, max_new_tokens=40, method=method)
-    (learned,) = method.learned.values()
+    ((learned,),) = (d.values() for d in method.learned.values())  # one target, one sampling setting
     # as if drafting had paid 1 token/s: plain rounds, a probe after PROBE - 1 of them
     learned.drafted, learned.drafting, learned.plain_rounds, learned.probe = [1.0, 1.0], False, 0, AutoSize.PROBE
     second = generate(smollm2, prompt, chat=True, max_new_tokens=40, method=method)
     assert first.token_ids == second.token_ids == vanilla.token_ids
-    (again,) = method.learned.values()
+    ((again,),) = (d.values() for d in method.learned.values())
     assert again is not learned
     assert again.plain_total >= AutoSize.PROBE - 1  # plain from the start, then the probe drafted
     assert again.sizes and second.tau >= 1

@@ -12,7 +12,8 @@ import pytest
 import torch
 
 from eaglespec.decoding.generate import generate
-from eaglespec.decoding.methods import METHOD_HELP, METHODS, Eagle, PromptLookup, method_needs, parse_method
+from eaglespec.decoding.methods import METHOD_HELP, Eagle, PromptLookup, method_needs, parse_method
+from eaglespec.decoding.methods import METHODS as REGISTERED
 from eaglespec.decoding.prompt_lookup import ChainSize, PromptLookupProposer
 from eaglespec.errors import InvalidArgumentError
 from eaglespec.heads.head import Eagle3Head, EagleHead
@@ -233,7 +234,7 @@ def test_method_specs_and_bad_methods(shipped, smollm2_draft):
     assert parse_method("sps:2", draft=smollm2_draft).num_tokens == 2
     assert parse_method("eagle:chain:3", shipped).tree == "chain:3"
     assert [method_needs(s) for s in ("vanilla", "eagle:chain:2", "sps:3", "pld")] == ["", "head", "draft", ""]
-    for name, cls in METHODS.items():  # every registered method is named in the help
+    for name, cls in REGISTERED.items():  # every registered method is named in the help
         assert cls.name == name and cls.syntax in METHOD_HELP
     for bad, message in [("medusa", "unknown method"), ("pld:0", "K >= 1"), ("sps:x", "K >= 1"),
                          ("eagle:chain:0", "chain needs"), ("eagle", "needs an EAGLE head"),

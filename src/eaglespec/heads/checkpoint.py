@@ -68,9 +68,9 @@ def save_head(head: DraftHead, folder: Path, target_name: str, info: dict | None
 
 
 def shipped_head(target_name: str) -> Path | None:
-    """The folder of the head we ship for a model, if there is one."""
+    """The folder of the head we ship for a model, if there is one (a model given as a path has none)."""
     folder = SHIPPED / target_name
-    return folder if (folder / "config.json").is_file() else None
+    return folder if folder.parent == SHIPPED and (folder / "config.json").is_file() else None
 
 
 def shipped_heads() -> str:
