@@ -4,7 +4,7 @@ from the rest, and on its greedy answers to fresh prompts (the README demo's and
 of MT-bench), each answer scored alone.
 
     .venv/bin/python benchmarks/acceptance_by_position.py MODEL [--head default] [--limit 47]
-        [--data data/regenerated/MODEL] [--fresh 10]
+        [--data data/regenerated/MODEL-heldout] [--fresh 10]
     -> benchmarks/results/acceptance-by-position-MODEL.json (and a table on stdout)
 
 An answer is a loop when fewer than half of its 8-token windows are distinct (a line or phrase
@@ -58,7 +58,7 @@ def main() -> None:
     parser.add_argument("model")
     parser.add_argument("--head", default="default")
     parser.add_argument("--limit", type=int, default=47, help="held-out own answers")
-    parser.add_argument("--data", default=None, help="own answers (default data/regenerated/MODEL)")
+    parser.add_argument("--data", default=None, help="own answers to held-out prompts (default data/regenerated/MODEL-heldout)")
     parser.add_argument("--fresh", type=int, default=10, help="MT-bench first turns answered fresh")
     parser.add_argument("--threads", type=int, default=2)
     args = parser.parse_args()
@@ -72,7 +72,7 @@ def main() -> None:
     from eaglespec.training.features import target_outputs
 
     root = Path(__file__).resolve().parent
-    data = args.data or str(root.parent / "data" / "regenerated" / args.model)
+    data = args.data or str(root.parent / "data" / "regenerated" / f"{args.model}-heldout")
     target = load_target(args.model, "float32")
     head = load_head(args.head, target)
 

@@ -41,7 +41,8 @@ class EagleProposer:
         entries = len(shape.paths) if shape.paths is not None else shape.topk * (shape.depth - 1)
         self.cache = head.new_cache(capacity + entries)
         self.device = head.weight_like.device
-        self.pending: tuple[Tensor, Tensor] | None = None  # (features [1, m, H], tokens [1, m])
+        # entries the head has not run yet, in order: (features [1, m, H], tokens [1, m]) per round
+        self.pending: list[tuple[Tensor, Tensor]] = []
         self.waited = 0  # of the pending entries, those from rounds that did not draft
         self.prompt_waiting = 0  # of the pending entries, the prompt's (the head has not run it yet)
         if shape.paths is not None:
@@ -57,7 +58,7 @@ class EagleProposer:
     def start(self, prompt_ids: list[int], features: Tensor | None) -> None:
         """features [1, P - 1, H] of the prefilled prompt[:-1] (None for a one-token prompt)."""
         if features is not None:
-            self.pending = (features, torch.tensor([prompt_ids[1:]], device=self.device))
+            self.pending = [(features, torch.tensor([prompt_ids[1:]], device=self.device))]
             self.prompt_waiting = features.shape[1]
 
     def accept(self, tokens: list[int], features: Tensor) -> None:
@@ -65,11 +66,9 @@ class EagleProposer:
         target's features at the root and at the accepted draft nodes."""
         if self.auto:
             self.auto.finish_round(len(tokens))
-        tokens = torch.tensor([tokens], device=self.device)
-        if self.pending is not None:  # a round that did not draft: its entries wait with these
-            self.waited += tokens.shape[1]
-            features, tokens = torch.cat((self.pending[0], features), 1), torch.cat((self.pending[1], tokens), 1)
-        self.pending = (features, tokens)
+        if self.pending:  # a round that did not draft: its entries wait with these
+            self.waited += len(tokens)
+        self.pending.append((features, torch.tensor([tokens], device=self.device)))
 
     @torch.inference_mode()
     def propose(self, max_depth: int) -> DraftTree:
@@ -78,15 +77,15 @@ class EagleProposer:
             self.auto.start_round(self.clock.now())
             if not self.auto.drafting:  # plain decoding pays better here: the entries wait
                 return DraftTree()
-        if self.pending is None:  # a one-token prompt: no feature known yet
+        if not self.pending:  # a one-token prompt: no feature known yet
             return DraftTree()
-        features, tokens = self.pending
+        features, tokens = (torch.cat(part, 1) for part in zip(*self.pending))  # joined once, not per round
         started = self.clock.now()
         root_feature = self.head(self.head.lift(features), tokens, self.cache)[0, -1]
         if self.auto:  # the head's pass over the entries of plain rounds and of the prompt
             per_entry = (self.clock.now() - started) / tokens.shape[1]
             self.auto.catch_up(per_entry * self.waited, per_entry * self.prompt_waiting)
-        self.pending, self.waited, self.prompt_waiting = None, 0, 0
+        self.pending, self.waited, self.prompt_waiting = [], 0, 0
         self.committed = self.cache.length
         self.expanded: dict[int, int] = {}  # node -> cache slot of its draft entry
         if max_depth < 1:
