@@ -164,6 +164,7 @@ def test_auto_rounds_without_a_draft_keep_the_output(smollm2, shipped, monkeypat
         made.append(self)
 
     monkeypatch.setattr(AutoSize, "start_round", every_third)
+    monkeypatch.setattr(AutoSize, "CALIBRATION_MEMORY", 1.0)  # plain sums, to count with
     prompt = "Write a Python function that checks whether a number is prime."
     vanilla = generate(smollm2, prompt, chat=True, max_new_tokens=40)
     out = generate(smollm2, prompt, chat=True, max_new_tokens=40, method=Eagle(shipped, "auto"))
