@@ -1,6 +1,7 @@
 """The README's benchmark tables and plots, made from the JSON that benchmarks/suite.sh wrote:
 one summary row per model, dataset and temperature (the best tree of EAGLE, the best draft
-length of sps), every run's own table below it, and a speedup and a tau plot per model.
+length of sps), every run's own table below it, and a speedup and a tau plot per model (and one
+of where `hybrid`'s tokens came from, where it ran).
 
     .venv/bin/python benchmarks/suite_report.py [FOLDER]   # FOLDER/summary.md + PNGs (default benchmarks/results/bench)
 """
@@ -11,7 +12,7 @@ import json
 import sys
 from pathlib import Path
 
-from eaglespec.bench.plots import plot_speedups, plot_tau
+from eaglespec.bench.plots import plot_sources, plot_speedups, plot_tau
 from eaglespec.bench.run import markdown
 
 
@@ -26,7 +27,7 @@ def cell(result: dict, family: str) -> str:
     return f"{s['speedup']:.2f}x{name}{tau}{vs}"
 
 
-OURS = ("vanilla", "eagle", "sps", "pld")
+OURS = ("vanilla", "eagle", "sps", "pld", "hybrid")
 LLAMA_CPP = ("llama.cpp", "llama.cpp-ngram", "llama.cpp-draft")
 
 
@@ -46,7 +47,7 @@ def main() -> None:
     results = [json.loads(p.read_text()) for p in sorted(results_dir.glob("*.json"))]
     if not results:
         raise SystemExit(f"no results in {results_dir}: run benchmarks/suite.sh first")
-    families = [f for f in ("eagle", "sps", "pld", "hf", "hf-assisted", "hf-pld", "llama.cpp", "llama.cpp-ngram",
+    families = [f for f in ("eagle", "sps", "pld", "hybrid", "hf", "hf-assisted", "hf-pld", "llama.cpp", "llama.cpp-ngram",
                             "llama.cpp-draft")
                 if any(f in r["best"] for r in results)]
     lines = ["| model | dataset | T | items (turns) | weights | vanilla tok/s | " + " | ".join(families)
@@ -63,6 +64,8 @@ def main() -> None:
         mine = [r for r in results if r["config"]["model"] == model]
         plot_speedups(mine, results_dir / f"speedup-{model}.png")
         plot_tau(mine, results_dir / f"tau-{model}.png")
+        if any("accepted_by_source" in s for r in mine for s in r["methods"].values()):
+            plot_sources(mine, results_dir / f"sources-{model}.png")
     print(text)
 
 

@@ -100,7 +100,7 @@ def test_auto_decodes_plainly_where_drafting_rounds_are_slower_and_probes_again(
         auto.start_round(now)
         drafting.append(auto.drafting)
         now += 0.040 if auto.drafting else 0.010  # a drafting round: 2 tokens in 40 ms (50 tokens/s)
-        auto.finish_round(2 if auto.drafting else 1)
+        auto.finish_round(2 if auto.drafting else 1, 1 if auto.drafting else 0)
     # the first round drafts, then plain rounds, a drafting round after PROBE, twice as many, ... up
     # to MAX_PROBE
     assert (AutoSize.PROBE, AutoSize.MAX_PROBE) == (8, 32)
@@ -117,7 +117,7 @@ def test_auto_decodes_plainly_where_drafting_rounds_are_slower_and_probes_again(
         auto.start_round(now)
         drafting.append(auto.drafting)
         now += 0.040 if auto.drafting else 0.010
-        auto.finish_round(2 if auto.drafting else 1)
+        auto.finish_round(2 if auto.drafting else 1, 1 if auto.drafting else 0)
     assert [i for i, d in enumerate(drafting) if d] == [20]
 
 
@@ -164,6 +164,7 @@ def test_auto_rounds_without_a_draft_keep_the_output(smollm2, shipped, monkeypat
         made.append(self)
 
     monkeypatch.setattr(AutoSize, "start_round", every_third)
+    monkeypatch.setattr(AutoSize, "CALIBRATION_MEMORY", 1.0)  # plain sums, to count with
     prompt = "Write a Python function that checks whether a number is prime."
     vanilla = generate(smollm2, prompt, chat=True, max_new_tokens=40)
     out = generate(smollm2, prompt, chat=True, max_new_tokens=40, method=Eagle(shipped, "auto"))

@@ -4,15 +4,17 @@ limit and a one-token prompt), and sampling follows the target's distribution (a
 test against exact probabilities). Methods: EAGLE (every tree; the shipped head and a random
 head, which exercises rejections), EAGLE-3 heads (a random one, and an "early exit" one that
 drafts from the target's own hidden state one layer before the end, which the target often
-accepts), classic speculative sampling with a weak draft model, and prompt lookup."""
+accepts), classic speculative sampling with a weak draft model, prompt lookup, and `hybrid` (EAGLE,
+lookup and a suffix cache in one tree; with the shipped head, a random one, and without EAGLE)."""
 
+import itertools
 from dataclasses import replace
 
 import pytest
 import torch
 
 from eaglespec.decoding.generate import generate
-from eaglespec.decoding.methods import METHOD_HELP, Eagle, PromptLookup, method_needs, parse_method
+from eaglespec.decoding.methods import METHOD_HELP, Eagle, Hybrid, PromptLookup, method_needs, parse_method
 from eaglespec.decoding.methods import METHODS as REGISTERED
 from eaglespec.decoding.prompt_lookup import ChainSize, PromptLookupProposer
 from eaglespec.errors import InvalidArgumentError
@@ -25,15 +27,17 @@ PROMPTS = [
 ]
 TREES = ["eagle1", "chain:4", "dynamic:topk=3,depth=4,tokens=10", "auto"]
 METHODS = [*(f"eagle:{t}" for t in TREES), "eagle-random:eagle1", "eagle-random:auto", "eagle3-random:eagle1",
-           "eagle3-exit:eagle1", "eagle3-exit:auto", "sps:3", "pld:6", "pld"]
+           "eagle3-exit:eagle1", "eagle3-exit:auto", "sps:3", "pld:6", "pld", "hybrid", "hybrid-random",
+           "hybrid:lookup+suffix"]
 
 
 @pytest.fixture(autouse=True)
 def auto_drafts_every_round(monkeypatch):
-    """`auto` trees draft in every round here, and sized prompt lookup drafts 0, 1, 2, ... of its
-    match's tokens in turn: where drafting rounds measure slower than plain ones they decode
-    plainly (a matter of the machine's timing, tested in test_eagle.py and with given costs
-    below), and these tests must exercise the drafting path."""
+    """`auto` trees draft in every round here, and sized prompt lookup and `hybrid` verify 0, 1,
+    2, ... of their candidates in turn: where drafting rounds measure slower than plain ones they
+    decode plainly (a matter of the machine's timing, tested in test_eagle.py, test_hybrid.py and
+    with given costs below), and these tests must exercise the drafting path."""
+    from eaglespec.decoding import hybrid
     from eaglespec.decoding.eagle import AutoSize
 
     start_round = AutoSize.start_round
@@ -46,8 +50,15 @@ def auto_drafts_every_round(monkeypatch):
         self.sizes.append(len(self.sizes) % (available + 1))
         return self.sizes[-1]
 
+    rounds = itertools.count()
+
+    def nodes_in_turn(expected, costs, spent, plain=False):
+        n = next(rounds) % (len(expected) + 1)
+        return n, sum(expected[:n])
+
     monkeypatch.setattr(AutoSize, "start_round", drafting)
     monkeypatch.setattr(ChainSize, "size", in_turn)
+    monkeypatch.setattr(hybrid, "best_prefix", nodes_in_turn)
 
 
 @pytest.fixture(scope="module")
@@ -84,6 +95,8 @@ def make(shipped, random_head, eagle3_heads, smollm2_draft):
         name, _, tree = spec.partition(":")
         if name == "eagle-random":
             return Eagle(random_head, tree)
+        if name == "hybrid-random":
+            return Hybrid(random_head)
         if name in eagle3_heads:
             return Eagle(eagle3_heads[name], tree)
         return parse_method(spec, shipped, smollm2_draft)
@@ -107,7 +120,7 @@ def test_greedy_equals_vanilla(smollm2, make, vanilla, spec):
         assert sum(o.new_tokens for o in outs) > sum(o.target_forwards for o in outs)
 
 
-@pytest.mark.parametrize("spec", ["eagle:eagle1", "sps:4", "pld:4"])
+@pytest.mark.parametrize("spec", ["eagle:eagle1", "sps:4", "pld:4", "hybrid"])
 def test_limits_end_generation_as_vanilla_does(smollm2, shipped, make, spec):
     method = make(spec)
     prompt = "Count from one to twenty in words."
@@ -174,7 +187,7 @@ def chi_square_p_value(counts: list[int], probs: list[float]) -> float:
 
 
 @pytest.mark.parametrize("spec", ["eagle:eagle1", "eagle:dynamic:topk=3,depth=3,tokens=8", "eagle3-exit:eagle1",
-                                  "sps:3", "pld:3"])
+                                  "sps:3", "pld:3", "hybrid"])
 def test_sampling_matches_the_target_distribution(smollm2, smollm2_hf, make, spec):
     """The first 3 tokens of 300 seeded samples at temperature 1 against their exact vanilla
     probabilities: a chi-square test over 15 bins (see `exact_bins`), rejecting at p < 1e-3.

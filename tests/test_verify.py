@@ -9,6 +9,8 @@ import itertools
 import pytest
 import torch
 
+from eaglespec.decoding.hybrid import Calibration, HybridProposer
+from eaglespec.decoding.ngram_index import NgramIndex
 from eaglespec.decoding.sampling import Draws, SamplingParams, warp
 from eaglespec.decoding.tree import DraftTree
 from eaglespec.decoding.verify import accept_greedy, accept_sampled
@@ -114,19 +116,11 @@ def _expand_children(expand, rank_path, token_path, tree, indices, kids, prob, a
         yield from _expand_children(expand, rank_path, token_path, sub, indices, kids, prob * p_sub, at + 1)
 
 
-def node_paths(tree: DraftTree) -> list[tuple[int, ...]]:
-    paths = [()]
-    for token, parent in zip(tree.tokens, tree.parents):
-        paths.append(paths[parent + 1] + (token,))
-    return paths
-
-
-def two_token_distribution(shape, params: SamplingParams, sampled: bool, prune=None) -> torch.Tensor:
+def two_token_distribution(trees, params: SamplingParams) -> torch.Tensor:
+    """The first two tokens' distribution, over draft trees given with their probabilities."""
     out = torch.zeros(V, V, dtype=torch.float64)
-    for tree_prob, tree in draw_trees(shape, params, sampled):
-        if prune:
-            tree = tree.prune(*prune)
-        logits = torch.stack([toy_logits(path, 0) for path in node_paths(tree)])
+    for tree_prob, tree in trees:
+        logits = torch.stack([toy_logits(path, 0) for path in [(), *tree.paths()]])
         draws = Enumerating()
         for branch_prob, (path, bonus) in draws.run(functools.partial(accept_sampled, tree, logits, params, draws)):
             tokens = [tree.tokens[i] for i in path] + [bonus]
@@ -151,7 +145,7 @@ def exact_two_tokens(params: SamplingParams) -> torch.Tensor:
 ], ids=["t1", "t0.7-topk3", "t1.3-topp0.8"])
 @pytest.mark.parametrize("sampled", [True, False], ids=["drawn-from-q", "top-k"])
 def test_one_round_is_exactly_the_target_distribution(shape, params, sampled):
-    got = two_token_distribution(SHAPES[shape], params, sampled)
+    got = two_token_distribution(draw_trees(SHAPES[shape], params, sampled), params)
     assert abs(float(got.sum()) - 1) < 1e-5  # warp works in float32
     assert torch.allclose(got, exact_two_tokens(params), atol=1e-5)
 
@@ -160,18 +154,36 @@ def test_pruned_trees_and_draft_vocabularies_stay_exact():
     """Pruning keeps a prefix of each node's draws; draft distributions given over a permuted
     draft vocabulary are scattered back to the target's ids."""
     params = SamplingParams(temperature=1.0)
-    got = two_token_distribution(SHAPES["tree"], params, True, prune=(3, 2))
+    got = two_token_distribution(((p, tree.prune(3, 2)) for p, tree in draw_trees(SHAPES["tree"], params, True)),
+                                 params)
     assert torch.allclose(got, exact_two_tokens(params), atol=1e-5)
 
     perm = torch.tensor([3, 0, 4, 1, 2])  # draft id i is target id perm[i]
     for tree_prob, tree in draw_trees(SHAPES["siblings"], params, True):
         assert len(tree) == 3
         draft_view = DraftTree(tree.tokens, tree.parents, {n: q[perm] for n, q in tree.draft_probs.items()}, perm)
-        logits = torch.stack([toy_logits(path, 0) for path in node_paths(tree)])
+        logits = torch.stack([toy_logits(path, 0) for path in [(), *tree.paths()]])
         for seed in range(3):
             same = accept_sampled(tree, logits, params, Draws(torch.Generator().manual_seed(seed)))
             assert accept_sampled(draft_view, logits, params, Draws(torch.Generator().manual_seed(seed))) == same
         break
+
+
+@pytest.mark.parametrize("params", [SamplingParams(temperature=1.0), SamplingParams(temperature=0.7, top_k=3)],
+                         ids=["t1", "t0.7-topk3"])
+def test_a_hybrid_tree_of_copied_paths_is_exact(params):
+    """A tree `hybrid` builds from its lookup and suffix-cache sources: chosen tokens (point-mass
+    proposals, some unlikely or outside the top-k under the target), branching where the sources
+    disagree, a node both propose merged."""
+    cache = NgramIndex()
+    cache.add([1, 2, 0, 4, 1, 2, 0, 3, 1, 2, 4])
+    hybrid = HybridProposer(None, True, cache, Calibration(), [0.0] + [1.0] * 70)
+    hybrid.start([3, 1, 2, 3, 0, 1, 2], None)
+    tree = hybrid.propose(3)
+    assert set(tree.paths()) == {(0,), (0, 4), (0, 3), (0, 4, 1), (0, 3, 1), (4,), (3,), (3, 0), (3, 0, 1)}
+    assert set(tree.sources) == {"lookup", "suffix"}
+    got = two_token_distribution([(1.0, tree)], params)
+    assert torch.allclose(got, exact_two_tokens(params), atol=1e-5)
 
 
 def test_enumeration_catches_a_wrong_residual():
@@ -182,7 +194,8 @@ def test_enumeration_catches_a_wrong_residual():
     original = verify.Residual.reject
     try:
         verify.Residual.reject = lambda self, x: None
-        got = two_token_distribution(SHAPES["siblings"], SamplingParams(temperature=1.0), True)
+        params = SamplingParams(temperature=1.0)
+        got = two_token_distribution(draw_trees(SHAPES["siblings"], params, True), params)
     finally:
         verify.Residual.reject = original
     assert not torch.allclose(got, exact_two_tokens(SamplingParams(temperature=1.0)), atol=1e-3)

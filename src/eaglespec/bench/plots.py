@@ -73,3 +73,26 @@ def plot_tau(results: list[dict], path: Path) -> None:
     ax.set_title("tau over turns")
     save_figure(fig, path)
     plt.close(fig)
+
+
+def plot_sources(results: list[dict], path: Path) -> None:
+    """Where each token of a multi-source method (`hybrid`) came from: its share of the output
+    accepted from each draft source, and the target's own tokens (one per round), stacked, one bar
+    per result and method."""
+    plt = _pyplot()
+    bars = [(f"{label(r)}\n{m}", s["accepted_by_source"], s["new_tokens"])
+            for r in results for m, s in r["methods"].items() if "accepted_by_source" in s]
+    sources = list(dict.fromkeys(k for _, by, _ in bars for k in by))
+    fig, ax = plt.subplots(figsize=(max(6.0, 1.0 * len(bars)), 4.2))
+    bottom = [0.0] * len(bars)
+    for name in [*sources, "target"]:
+        shares = [(total - sum(by.values()) if name == "target" else by.get(name, 0)) / total
+                  for _, by, total in bars]
+        ax.bar(range(len(bars)), shares, bottom=bottom, label=name)
+        bottom = [b + s for b, s in zip(bottom, shares)]
+    ax.set_xticks(range(len(bars)), [b[0] for b in bars], rotation=30, ha="right", fontsize=7)
+    ax.set_ylabel("share of output tokens")
+    ax.legend(fontsize=8)
+    ax.set_title("where the tokens came from: accepted drafts by source, and the target's own")
+    save_figure(fig, path)
+    plt.close(fig)

@@ -72,6 +72,7 @@ class Run:
     acceptance_by_depth: list[float] = field(default_factory=list)
     tree: str | None = None
     chain: bool = False  # the draft is a chain: acceptance by depth is n-alpha
+    sources: dict[str, int] | None = None  # accepted draft tokens by source (hybrid)
 
 
 def check_methods(methods: tuple[str, ...], draft_model: str | None) -> None:
@@ -114,8 +115,8 @@ class Bench:
         chat_ids(self.target, [{"role": "user", "content": "x"}])  # refuses a model without a chat template
         if self.draft:
             check_draft_model(self.target, self.draft)
-        # one object per listed method, even where two specs name the same one (eagle, eagle:auto)
-        self.ours = {m: parse_method(m, model.head, model.draft) for m in methods if m not in EXTERNAL}
+        self.model = model
+        self.ours = self._our_methods()
         self.hf = self.hf_draft = None
         if needs & set(REFERENCES):
             self.hf = _hf_model(self.target.folder, config.dtype, config.device)
@@ -127,6 +128,11 @@ class Bench:
                 draft = peer_gguf(config.draft_model, config.weights, config.dtype) if m == "llama.cpp-draft" else None
                 self.peers[m] = LlamaServer(m, peer_gguf(config.model, config.weights, config.dtype),
                                             torch.get_num_threads(), draft)
+
+    def _our_methods(self) -> dict:
+        """One object per listed method of ours, even where two specs name the same one (eagle, eagle:auto)."""
+        m = self.model
+        return {spec: parse_method(spec, m.head, m.draft) for spec in self.config.methods if spec not in EXTERNAL}
 
     def close(self) -> None:
         """Stops the llama.cpp servers (they also stop when the process exits)."""
@@ -145,7 +151,8 @@ class Bench:
                        temperature=c.temperature, seed=seed)
         return Run("", 0, out.new_tokens, out.seconds, out.tokens_per_s, out.tau, out.token_ids,
                    out.target_forwards, out.prefill_s, out.draft_s, out.verify_s, out.other_s,
-                   out.accepted_lengths or [], out.acceptance_by_depth or [], out.tree, out.n_alpha is not None)
+                   out.accepted_lengths or [], out.acceptance_by_depth or [], out.tree, out.n_alpha is not None,
+                   out.sources)
 
     @torch.inference_mode()
     def _run_hf(self, spec: str, ids: list[int], max_new_tokens: int, seed: int) -> Run:
@@ -173,6 +180,7 @@ class Bench:
         first = chat_ids(self.target, [{"role": "user", "content": self.items[0].turns[0]}])
         for spec in methods:  # warm-up: first-call set-up is not timed
             self.run_one(spec, first, 16, c.seed)
+        self.ours = self._our_methods()  # what the warm-up taught them (a suffix cache: the first answer) is not kept
         runs: dict[str, list[Run]] = {m: [] for m in methods}
         peaks = dict.fromkeys(methods, 0.0)
         turns = sum(len(item.turns) for item in self.items)
@@ -234,6 +242,9 @@ def report(config: BenchConfig, runs: dict[str, list[Run]], peaks: dict[str, flo
             by_depth = [statistics.mean(r.acceptance_by_depth[d] for r in rs if len(r.acceptance_by_depth) > d)
                         for d in range(depth)]
             summary["n_alpha" if rs[0].chain else "acceptance_by_depth"] = by_depth
+        if any(r.sources for r in rs):
+            names = sorted({k for r in rs if r.sources for k in r.sources})
+            summary["accepted_by_source"] = {k: sum(r.sources.get(k, 0) for r in rs if r.sources) for k in names}
         if config.temperature == 0:
             summary["same_tokens_as_vanilla"] = sum(r.token_ids == v.token_ids for r, v in zip(rs, vanilla))
         summary["runs"] = [asdict(r) for r in rs]

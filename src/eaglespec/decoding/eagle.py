@@ -61,11 +61,13 @@ class EagleProposer:
             self.pending = [(features, torch.tensor([prompt_ids[1:]], device=self.device))]
             self.prompt_waiting = features.shape[1]
 
-    def accept(self, tokens: list[int], features: Tensor) -> None:
+    def accept(self, tokens: list[int], features: Tensor, drafted: int | None = None) -> None:
         """tokens: the round's accepted tokens (bonus last); features [1, len(tokens), H]: the
-        target's features at the root and at the accepted draft nodes."""
+        target's features at the root and at the accepted draft nodes. `drafted`: how many of the
+        accepted draft tokens this head proposed (in a `hybrid` tree others come from elsewhere);
+        None: all of them."""
         if self.auto:
-            self.auto.finish_round(len(tokens))
+            self.auto.finish_round(len(tokens), len(tokens) - 1 if drafted is None else drafted)
         if self.pending:  # a round that did not draft: its entries wait with these
             self.waited += len(tokens)
         self.pending.append((features, torch.tensor([tokens], device=self.device)))
@@ -73,12 +75,40 @@ class EagleProposer:
     @torch.inference_mode()
     def propose(self, max_depth: int) -> DraftTree:
         """Draft a tree no deeper than `max_depth` (what the loop can still accept)."""
+        if self.shape.paths is not None:
+            root_feature = self._catch_up()
+            if root_feature is None or max_depth < 1:
+                return DraftTree()
+            tree = self._static(root_feature, max_depth)
+            self.cache.length = self.committed  # drop the draft entries
+            return tree
+        pool, scores = self.candidates(max_depth)
+        if not len(pool):  # a plain round
+            return pool
+        order = sorted(range(len(pool)), key=lambda i: (-scores[i], i))
+        size = self.auto.size(scores, order, self.shape.tokens, self.clock.now()) if self.auto else self.shape.tokens
+        return pool.subset(sorted(order[:size]))
+
+    @torch.inference_mode()
+    def candidates(self, max_depth: int) -> tuple[DraftTree, list[float]]:
+        """The dynamic tree's candidate pool (parents first) and each node's cumulative draft
+        log-probability, no deeper than `max_depth`; none where `auto` decodes this round plainly."""
         if self.auto:
             self.auto.start_round(self.clock.now())
             if not self.auto.drafting:  # plain decoding pays better here: the entries wait
-                return DraftTree()
-        if not self.pending:  # a one-token prompt: no feature known yet
-            return DraftTree()
+                return DraftTree(), []
+        root_feature = self._catch_up()
+        if root_feature is None or max_depth < 1:
+            return DraftTree(), []
+        pool, scores = self._dynamic(root_feature, min(self.shape.depth, max_depth))
+        self.cache.length = self.committed  # drop the draft entries
+        return pool, scores
+
+    def _catch_up(self) -> Tensor | None:
+        """Run the head over the entries that wait; returns the feature it predicts at the root
+        (None where no feature is known yet: a one-token prompt)."""
+        if not self.pending:
+            return None
         features, tokens = (torch.cat(part, 1) for part in zip(*self.pending))  # joined once, not per round
         started = self.clock.now()
         root_feature = self.head(self.head.lift(features), tokens, self.cache)[0, -1]
@@ -88,14 +118,7 @@ class EagleProposer:
         self.pending, self.waited, self.prompt_waiting = [], 0, 0
         self.committed = self.cache.length
         self.expanded: dict[int, int] = {}  # node -> cache slot of its draft entry
-        if max_depth < 1:
-            return DraftTree()
-        if self.shape.paths is not None:
-            tree = self._static(root_feature, max_depth)
-        else:
-            tree = self._dynamic(root_feature, min(self.shape.depth, max_depth))
-        self.cache.length = self.committed  # drop the draft entries
-        return tree
+        return root_feature
 
     def _run(self, tree: DraftTree, nodes: list[int], parent_features: Tensor) -> Tensor:
         """Run the entries of `nodes` (each reading its parent's predicted feature and its own
@@ -157,7 +180,7 @@ class EagleProposer:
                         tree.parents.append(parent)
         return tree
 
-    def _dynamic(self, root_feature: Tensor, depth: int) -> DraftTree:
+    def _dynamic(self, root_feature: Tensor, depth: int) -> tuple[DraftTree, list[float]]:
         k = self.shape.topk
         pool = DraftTree()  # every candidate; the tree is the best of them
         scores: list[float] = []  # cumulative draft log-probability of each candidate
@@ -186,11 +209,7 @@ class EagleProposer:
             top = self._top(features)
             if self.auto:
                 self.auto.level_time = self.clock.lap()
-        order = sorted(range(len(pool)), key=lambda i: (-scores[i], i))
-        size = self.auto.size(scores, order, self.shape.tokens, self.clock.now()) if self.auto else self.shape.tokens
-        chosen = sorted(order[:size])
-        new = {old: j for j, old in enumerate(chosen)} | {-1: -1}
-        return DraftTree([pool.tokens[i] for i in chosen], [new[pool.parents[i]] for i in chosen])
+        return pool, scores
 
     def _top(self, features: Tensor):
         """The top-k draft log-probabilities and ids [n, k] after predicted features [n, H]."""
@@ -265,11 +284,12 @@ class AutoSize:
         self.round_start += waited + prompt
         self.plain[1] += waited
 
-    def finish_round(self, tokens: int) -> None:
+    def finish_round(self, tokens: int, drafted: int) -> None:
+        """The round accepted `tokens` tokens, `drafted` of them draft tokens of this head's."""
         self.round_tokens = tokens
         if self.drafting:
             m = self.CALIBRATION_MEMORY
-            self.accepted = m * self.accepted + tokens - 1  # the bonus token is not a draft token
+            self.accepted = m * self.accepted + drafted
             self.predicted = m * self.predicted + self.prediction
 
     @property
@@ -292,9 +312,14 @@ class AutoSize:
 
     def size(self, scores: list[float], order: list[int], limit: int, now: float) -> int:
         """How many of the candidates (best first, `order`) to verify."""
-        n, self.prediction = self._best(scores, order, limit, now)
-        self.sizes.append(n)
+        n, prediction = self._best(scores, order, limit, now)
+        self.chose(n, prediction)
         return n
+
+    def chose(self, n: int, prediction: float) -> None:
+        """The round verifies `n` of the head's candidates, whose draft probabilities sum to `prediction`."""
+        self.sizes.append(n)
+        self.prediction = prediction
 
     def frontier(self, scores: list[float], parents: list[int], candidates: list[int], limit: int,
                  now: float) -> list[int]:
@@ -322,15 +347,11 @@ class AutoSize:
 
     def _best(self, scores: list[float], order: list[int], limit: int, now: float) -> tuple[int, float]:
         """The number of candidates (best first) whose verification maximizes the round's expected
-        tokens per second, and their expected accepted draft tokens."""
-        spent, calibration = now - self.round_start, self.calibration
-        best, best_value, best_expected, expected = 0, -1.0, 0.0, 0.0
-        for n, i in enumerate(order[:limit], 1):
-            expected += math.exp(scores[i])
-            value = (1 + calibration * expected) / (spent + self.costs[n + 1])
-            if value > best_value:
-                best, best_value, best_expected = n, value, expected
-        return best, best_expected
+        tokens per second, and the sum of their draft probabilities."""
+        calibration = self.calibration
+        n, expected = best_prefix([calibration * math.exp(scores[i]) for i in order[:limit]], self.costs,
+                                  now - self.round_start)
+        return n, expected / calibration
 
     def describe(self, shape: TreeShape) -> str:
         if not self.sizes:
@@ -338,6 +359,19 @@ class AutoSize:
         mean = sum(self.sizes) / len(self.sizes)
         return (f"auto:topk={shape.topk},depth<={shape.depth},tokens<={shape.tokens} (mean {mean:.1f} tokens per "
                 f"drafting round, {len(self.sizes)} of {len(self.sizes) + self.plain_total} rounds drafting)")
+
+
+def best_prefix(expected: list[float], costs: list[float], spent: float, plain: bool = False) -> tuple[int, float]:
+    """The n first draft nodes (best first, each with its expected acceptance, a tree at every
+    prefix) whose verification maximizes the round's expected tokens per second, (1 + their sum)
+    / (`spent` + costs[n + 1]), and that sum; at least one node unless `plain` (n = 0) may win."""
+    best, best_value, best_sum, total = 0, 1 / (spent + costs[1]) if plain else -1.0, 0.0, 0.0
+    for n, e in enumerate(expected, 1):
+        total += e
+        value = (1 + total) / (spent + costs[n + 1])
+        if value > best_value:
+            best, best_value, best_sum = n, value, total
+    return best, best_sum
 
 
 def _static_plan(paths) -> list[list[tuple[int, list[int]]]]:

@@ -35,6 +35,7 @@ class GenerationOutput:
     accepted_lengths: list[int] | None = None  # rounds that accepted 0, 1, 2, ... draft tokens
     acceptance_by_depth: list[float] | None = None  # share of tested draft tokens accepted per depth
     n_alpha: list[float] | None = None  # the same with a chain tree: 0-alpha, 1-alpha, ...
+    sources: dict[str, int] | None = None  # accepted draft tokens by source (hybrid)
     prefill_s: float = 0.0  # the prompt through the target (and the proposer's start)
     draft_s: float = 0.0  # drafting, every round
     verify_s: float = 0.0  # target forwards over the drafts, and acceptance
@@ -146,6 +147,7 @@ class Generation:
             tree=self.drafter.describe() if self.drafter else None,
             accepted_lengths=stats.accepted_lengths, acceptance_by_depth=stats.acceptance_by_depth(),
             n_alpha=stats.acceptance_by_depth() if self.drafter and self.drafter.shape.chain else None,
+            sources=stats.sources or None,
             prefill_s=stats.prefill_s, draft_s=stats.draft_s, verify_s=stats.verify_s,
             other_s=max(seconds - stats.prefill_s - stats.draft_s - stats.verify_s, 0.0),
         )

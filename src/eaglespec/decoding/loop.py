@@ -34,6 +34,7 @@ class DecodeStats:
     accepted_lengths: list[int] = field(default_factory=list)  # histogram: rounds that accepted i draft tokens
     tried: list[int] = field(default_factory=list)  # per depth d - 1: draft tokens at depth d the verifier tested
     accepted: list[int] = field(default_factory=list)  # ... and accepted
+    sources: dict[str, int] = field(default_factory=dict)  # accepted draft tokens by source (trees that say)
     prefill_s: float = 0.0  # the prompt through the target (and the proposer's start)
     draft_s: float = 0.0  # proposer time per round
     verify_s: float = 0.0  # target forwards over the trees and acceptance
@@ -150,6 +151,8 @@ def decode(model: Decoder, prompt_ids: list[int], params: SamplingParams, max_ne
                 stats.finish_reason = "eos"
                 break
         stats.new_tokens += len(accepted)
+        for i in path[:len(accepted)] if tree.sources else ():
+            stats.sources[tree.sources[i]] = stats.sources.get(tree.sources[i], 0) + 1
         if not stats.finish_reason and stats.new_tokens == max_new_tokens:
             stats.finish_reason = "length"
         if drafter and not stats.finish_reason:

@@ -12,6 +12,12 @@ Each method registers its name (`@register`), parses the text after "name:" in i
     sps[:K]        classic speculative sampling: a smaller draft model drafts a chain of K (4)
     pld[:K]        prompt lookup: a chain of tokens copied from the prompt and output, as much of it
                    as pays on this machine up to 10 tokens, or with K always up to K
+    hybrid[:SOURCES]  one tree from EAGLE, lookup in this generation's text and a suffix cache of
+                   earlier generations (`decoding.hybrid`); SOURCES joins some of them with "+",
+                   "suffix=N" bounding the cache to N tokens (default all, 200000 tokens)
+
+A method whose needs depend on its options says so with `needs_for(options)` (a hybrid without
+EAGLE needs no head).
 """
 
 from __future__ import annotations
@@ -22,6 +28,8 @@ from weakref import WeakKeyDictionary
 
 from eaglespec.decoding.draft_model import DraftModelProposer, check_draft_model
 from eaglespec.decoding.eagle import EagleProposer
+from eaglespec.decoding.hybrid import SOURCES, Calibration, HybridProposer
+from eaglespec.decoding.ngram_index import NgramIndex
 from eaglespec.decoding.prompt_lookup import PromptLookupProposer
 from eaglespec.decoding.sampling import SamplingParams
 from eaglespec.decoding.tree import TREE_HELP, parse_tree
@@ -127,7 +135,78 @@ class PromptLookup:
         return lambda draws, capacity: PromptLookupProposer(self.num_tokens, self.max_ngram, costs)
 
 
-Method = Eagle | DraftModel | PromptLookup
+@dataclass
+class HybridState:
+    """What a `hybrid` method keeps per target model across generations."""
+
+    cache: NgramIndex | None  # earlier generations' texts
+    learned: dict = field(default_factory=dict)  # sampling setting -> the EAGLE part's `auto` sizing
+    calibrations: dict = field(default_factory=dict)  # sampling setting -> Calibration of the copying sources
+    last: list[int] | None = None  # the last generation's text (its final round's tokens aside), which joins
+    # the cache when the next one starts
+
+
+@register
+@dataclass(frozen=True)
+class Hybrid:
+    head: object = None  # EagleHead, where "eagle" is a source
+    sources: tuple[str, ...] = SOURCES
+    cache_tokens: int = 200_000
+    name: ClassVar[str] = "hybrid"
+    syntax: ClassVar[str] = "hybrid[:SOURCES] (eagle+lookup+suffix[=TOKENS], any of them)"
+    needs: ClassVar[str] = "head"
+    state: WeakKeyDictionary = field(default_factory=WeakKeyDictionary, init=False, compare=False, repr=False)
+
+    def __post_init__(self):
+        if not self.sources or set(self.sources) - set(SOURCES):
+            raise InvalidArgumentError(f"hybrid sources {'+'.join(self.sources)}: expected some of {'+'.join(SOURCES)}")
+        if "eagle" in self.sources and self.head is None:
+            raise InvalidArgumentError(f"hybrid with eagle needs {NEEDS['head']}")
+        NgramIndex(self.cache_tokens)  # checks the bound
+
+    @staticmethod
+    def options(arg: str) -> dict:
+        if not arg:
+            return {}
+        sources, options = [], {}
+        for part in arg.split("+"):
+            name, eq, value = part.partition("=")
+            if name not in SOURCES or name in sources or (eq and (name != "suffix" or not value.lstrip("-").isdigit())):
+                raise InvalidArgumentError(
+                    f"method 'hybrid:{arg}': expected some of {'+'.join(SOURCES)} joined by '+', once each, "
+                    "suffix=N for a suffix cache of N tokens")
+            sources.append(name)
+            if eq:
+                options["cache_tokens"] = int(value)
+        return {"sources": tuple(sources), **options}
+
+    @staticmethod
+    def needs_for(options: dict) -> str:
+        return "head" if "eagle" in options.get("sources", SOURCES) else ""
+
+    def bind(self, target, params: SamplingParams):
+        costs = target.model.verify_costs()  # measured once per model
+        state = self.state.setdefault(
+            target.model, HybridState(NgramIndex(self.cache_tokens) if "suffix" in self.sources else None))
+        key = (params.temperature, params.top_p, params.top_k)
+        calibration = state.calibrations.setdefault(key, Calibration())
+        shape = parse_tree("auto")
+
+        def make(draws, capacity):
+            eagle = None
+            if "eagle" in self.sources:
+                eagle = EagleProposer(self.head, shape, params, draws, capacity, costs, state.learned.get(key))
+                state.learned[key] = eagle.auto
+            if state.cache is not None and state.last is not None:
+                state.cache.add(state.last)
+            proposer = HybridProposer(eagle, "lookup" in self.sources, state.cache, calibration, costs)
+            state.last = proposer.history  # the list the proposer extends
+            return proposer
+
+        return make
+
+
+Method = Eagle | DraftModel | PromptLookup | Hybrid
 METHOD_HELP = " | ".join(["vanilla", *(cls.syntax for cls in METHODS.values())])
 
 
@@ -149,11 +228,15 @@ def _lookup(spec: str) -> tuple[type | None, dict]:
     return METHODS[name], METHODS[name].options(arg)
 
 
+def _needs(cls: type, options: dict) -> str:
+    return cls.needs_for(options) if hasattr(cls, "needs_for") else cls.needs
+
+
 def method_needs(spec: str) -> str:
     """What a method needs loaded beside the target: "head", "draft" or "" (checks the spec
     without loading anything)."""
-    cls, _ = _lookup(spec)
-    return cls.needs if cls else ""
+    cls, options = _lookup(spec)
+    return _needs(cls, options) if cls else ""
 
 
 def parse_method(spec: str, head=None, draft=None) -> Method | None:
@@ -162,7 +245,8 @@ def parse_method(spec: str, head=None, draft=None) -> Method | None:
     cls, options = _lookup(spec)
     if cls is None:
         return None
-    loaded = {"head": head, "draft": draft, "": None}[cls.needs]
-    if cls.needs and loaded is None:
-        raise InvalidArgumentError(f"method '{spec.strip()}' needs {NEEDS[cls.needs]}")
-    return cls(loaded, **options) if cls.needs else cls(**options)
+    needs = _needs(cls, options)
+    loaded = {"head": head, "draft": draft, "": None}[needs]
+    if needs and loaded is None:
+        raise InvalidArgumentError(f"method '{spec.strip()}' needs {NEEDS[needs]}")
+    return cls(loaded, **options) if needs else cls(**options)

@@ -34,6 +34,7 @@ class DraftTree:
     # which the verifier treats as point-mass proposals.
     draft_probs: dict[int, Tensor] | None = None
     vocab: Tensor | None = None  # target ids of the entries of draft_probs (None: the target's own)
+    sources: list[str] | None = None  # each node's source, where a tree has several (hybrid)
 
     def __len__(self) -> int:
         return len(self.tokens)
@@ -56,6 +57,13 @@ class DraftTree:
             kids[parent + 1].append(i)
         return kids
 
+    def paths(self) -> list[tuple[int, ...]]:
+        """Each node's tokens from the root's first child down to it."""
+        out: list[tuple[int, ...]] = []
+        for token, parent in zip(self.tokens, self.parents):
+            out.append((out[parent] if parent >= 0 else ()) + (token,))
+        return out
+
     def verify_inputs(self, root: int, start: int, device: torch.device | str) -> tuple[Tensor, Tensor | None, Tensor]:
         """Tokens [1, 1 + N], tree mask [1 + N, start + 1 + N] (None for a lone root) and positions
         [1, 1 + N] for one target forward over the root and the tree, `start` tokens in the cache."""
@@ -77,12 +85,16 @@ class DraftTree:
         parents come first). Used where the context or `max_new_tokens` leaves less room."""
         depths = self.depths()
         keep = [i for i in range(len(self)) if depths[i] <= max_depth][: max(max_nodes, 0)]
-        if len(keep) == len(self):
-            return self
+        return self if len(keep) == len(self) else self.subset(keep)
+
+    def subset(self, keep: list[int]) -> DraftTree:
+        """The tree of the nodes `keep` (ascending, each with its parent)."""
         new = {old: j for j, old in enumerate(keep)} | {-1: -1}
         probs = None if self.draft_probs is None else {
             new[n]: q for n, q in self.draft_probs.items() if n in new}
-        return DraftTree([self.tokens[i] for i in keep], [new[self.parents[i]] for i in keep], probs, self.vocab)
+        sources = None if self.sources is None else [self.sources[i] for i in keep]
+        return DraftTree([self.tokens[i] for i in keep], [new[self.parents[i]] for i in keep], probs, self.vocab,
+                         sources)
 
 
 @dataclass(frozen=True)
