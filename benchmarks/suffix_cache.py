@@ -77,7 +77,7 @@ def main() -> None:
     cache = methods[specs[-1]].state[model.target.model].cache
     result["cache_after_two_passes"] = {"tokens": cache.tokens, "texts": len(cache.texts)}
     result["bounded_run"] = bounded_run(model, prompts, args)
-    write_json(out, result)
+    write_json(result, out)
     for spec, passes in result["passes"].items():
         print(f"{spec:32s} " + "  ".join(f"pass {p + 1}: {s['tokens_per_s']:.1f} tok/s, {s['speedup']:.2f}x, "
                                          f"tau {s['tau']:.2f}" for p, s in enumerate(passes)))
