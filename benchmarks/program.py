@@ -12,8 +12,9 @@ answers from `eaglespec regenerate`), trains the current head (`heads/MODEL`) on
 result the same way as the starting point (held-out n-alpha through `eval-head`, fp32, on human
 answers and, where they are committed, on the target's own answers; tau on MT-bench through
 `bench`), and replaces `heads/MODEL` only if its expected chain length (1 + a0 + a0 a1 + ...) grew:
-on the target's own answers where this stretch and the best earlier one have that figure (the
-goal's text), else on human answers. Stretch 0 measures the head it starts from. The ledger
+over the first FIRST (128) tokens of the target's own answers where this stretch and an earlier one
+have that figure (the text a 128-token benchmark drafts), else over the whole of those answers,
+else on human answers. `--answer-tokens N` trains on the first N tokens of each answer. Stretch 0 measures the head it starts from. The ledger
 `benchmarks/results/program/MODEL.json` keeps each stretch's slice, commands, seconds and figures;
 `program.png` plots them against CPU hours. Every step resumes where it stopped (extraction
 shards, training checkpoints); a stretch should fit in one session (commit the ledger and the head
@@ -44,6 +45,9 @@ RESULTS = ROOT / "benchmarks" / "results" / "program"
 CACHE = Path(os.environ.get("EAGLESPEC_CACHE", Path.home() / ".cache" / "eaglespec")) / "program"
 E = str(ROOT / ".venv" / "bin" / "eaglespec")
 HELDOUT = 50  # held-out conversations scored
+# the keep rule's text: the first tokens of the target's own answers, as many as the MT-bench run's
+# answers have (a 128-token benchmark never sees the late positions of a 512-token answer)
+FIRST = 128
 NEW_ONLY_EPOCHS = 3  # a --new-only stretch's passes over its (small) slice
 # `eagle` sizes its tree by the machine's measured verify costs (what a user gets, but it moves with
 # the machine and its load); `eagle:eagle1` drafts the paper's fixed 26-node tree: its tau measures
@@ -86,24 +90,33 @@ def chain_length(alpha: list[float]) -> float:
     return total
 
 
-def held_out(model: str, head: str, path: Path, data: Path | None = None) -> dict:
+def held_out(model: str, head: str, path: Path, data: Path | None = None, first: int | None = None) -> dict:
     """`eval-head` (fp32 target forward: faster than bf16 on CPUs without bf16 instructions) on
-    the held-out human answers, or on `data`'s."""
+    the held-out human answers, or on `data`'s; over the `first` tokens of each answer if given."""
     if not path.is_file():
         command = [E, "eval-head", "--model", model, "--head", head, "--limit", str(HELDOUT), "--threads", "2",
-                   "--dtype", "float32", "--json", "--data", str(data or "sharegpt")]  # (a head's default: its own data)
+                   "--dtype", "float32", "--json", "--data", str(data or "sharegpt"),  # (a head's default: its own data)
+                   *(["--answer-tokens", str(first)] if first else [])]
         print("+ " + " ".join(command), flush=True)
         out = subprocess.run(command, check=True, cwd=ROOT, capture_output=True, text=True)
         write_json(json.loads(out.stdout.strip().splitlines()[-1]), path)
     return json.loads(path.read_text())
 
 
-def measure(model: str, head: str, work: Path) -> dict:
-    """Held-out n-alpha on human answers and, where the target's own answers to the held-out
-    prompts are committed (`data/regenerated/MODEL-heldout`), on those; MT-bench tau."""
-    found = held_out(model, head, work / "alpha.json")
+def own_figures(model: str, head: str, work: Path) -> dict:
+    """n-alpha on the target's own answers to the held-out prompts, where they are committed
+    (`data/regenerated/MODEL-heldout`): whole, and over each answer's FIRST tokens."""
     own = ROOT / "data" / "regenerated" / f"{model}-heldout"
-    extra = {"alpha_own_text": held_out(model, head, work / "alpha-own.json", own)["alpha"]} if own.is_dir() else {}
+    if not own.is_dir():
+        return {}
+    return {"alpha_own_text": held_out(model, head, work / "alpha-own.json", own)["alpha"],
+            f"alpha_own_first{FIRST}": held_out(model, head, work / f"alpha-own-first{FIRST}.json", own, FIRST)["alpha"]}
+
+
+def measure(model: str, head: str, work: Path) -> dict:
+    """Held-out n-alpha on human answers and on the target's own (`own_figures`); MT-bench tau."""
+    found = held_out(model, head, work / "alpha.json")
+    extra = own_figures(model, head, work)
     return {"alpha": found["alpha"], "chain_length": round(chain_length(found["alpha"]), 4),
             "tokens_scored": found["tokens_scored"], **mt_bench(model, head, work), **extra}
 
@@ -134,9 +147,8 @@ def remeasure(model: str, number: int, head: str) -> None:
     work.mkdir(parents=True, exist_ok=True)
     if "mt_bench_tau_eagle1" not in entry:
         entry["mt_bench_tau_eagle1"] = mt_bench(model, head, work)["mt_bench_tau_eagle1"]
-    own = ROOT / "data" / "regenerated" / f"{model}-heldout"
-    if "alpha_own_text" not in entry and own.is_dir():
-        entry["alpha_own_text"] = held_out(model, head, work / "alpha-own.json", own)["alpha"]
+    for key, value in own_figures(model, head, work).items():
+        entry.setdefault(key, value)
     # the keep rule again for the stretches after it, which were judged without this figure; the
     # last one kept is the head that ships
     stretches = ledger["stretches"]
@@ -178,12 +190,14 @@ def extraction_seconds(features: Path, earlier: Path) -> float:
 
 
 def better(entry: dict, earlier: list[dict]) -> bool:
-    """Whether a stretch's head beats every earlier one: expected chain length on the target's own
-    answers where it and the best earlier head have it, else on human answers."""
-    if "alpha_own_text" in entry:
-        known = [chain_length(s["alpha_own_text"]) for s in earlier if "alpha_own_text" in s]
-        if known:
-            return chain_length(entry["alpha_own_text"]) > max(known)
+    """Whether a stretch's head beats every earlier one: expected chain length over the first
+    tokens of the target's own answers where it and an earlier head have that figure, else over
+    the whole of those answers, else on human answers."""
+    for figure in (f"alpha_own_first{FIRST}", "alpha_own_text"):
+        if figure in entry:
+            known = [chain_length(s[figure]) for s in earlier if figure in s]
+            if known:
+                return chain_length(entry[figure]) > max(known)
     return entry["chain_length"] > max(s["chain_length"] for s in earlier)
 
 
@@ -200,7 +214,7 @@ def install(model: str, work: Path, entry: dict) -> None:
     os.replace(tmp, head)
 
 
-def stretch(model: str, data: str | None, new_only: bool = False) -> None:
+def stretch(model: str, data: str | None, new_only: bool = False, answer_tokens: int | None = None) -> None:
     recipe = RECIPES[model]
     ledger_path = RESULTS / f"{model}.json"
     ledger = json.loads(ledger_path.read_text()) if ledger_path.is_file() else {"model": model, "stretches": []}
@@ -225,7 +239,8 @@ def stretch(model: str, data: str | None, new_only: bool = False) -> None:
         # a --data source grows between stretches: the shards of its conversations extracted before stay
         earlier = CACHE / model / f"stretch-{n - 1}" / "train"
         reuse = ["--reuse", str(earlier)] if data and not skip and (earlier / "manifest.json").is_file() else []
-        extract = [E, "extract", "--model", model, "--split", "train", *source, "--dtype", "float32",
+        cut = ["--answer-tokens", str(answer_tokens)] if answer_tokens else []
+        extract = [E, "extract", "--model", model, "--split", "train", *source, *cut, "--dtype", "float32",
                    "--threads", "2", "--out", str(features), *reuse]
         run(extract)
         heldout = CACHE / model / "heldout"
@@ -241,6 +256,7 @@ def stretch(model: str, data: str | None, new_only: bool = False) -> None:
 
         feature_set = FeatureSet(features)
         entry = {"stretch": n, **({"data": data} if data else {}), "skip": skip,
+                 **({"answer_tokens": answer_tokens} if answer_tokens else {}),
                  "conversations": len(feature_set) if data else recipe["conversations"],
                  "tokens": feature_set.tokens(),
                  # what the features cost (wall times of the shards extracted in this stretch) and what
@@ -299,9 +315,10 @@ def plot() -> None:
 def table() -> str:
     """The README's table: one row per stretch of every model."""
     lines = ["| model | stretch | new conversations (tokens) | CPU hours in all | held-out 0..4-alpha | "
-             "chain length | on the target's own answers: 0..4-alpha, chain length | MT-bench tau, EAGLE-1 tree | "
+             "chain length | on the target's own answers: 0..4-alpha, chain length | "
+             f"their first {FIRST} tokens: 0..4-alpha, chain length | MT-bench tau, EAGLE-1 tree | "
              "MT-bench tau, auto tree | kept |",
-             "|---|---|---|---|---|---|---|---|---|---|"]
+             "|---|---|---|---|---|---|---|---|---|---|---|"]
     for path in sorted(RESULTS.glob("*.json")):
         ledger = json.loads(path.read_text())
         for s in ledger["stretches"]:
@@ -309,12 +326,14 @@ def table() -> str:
             if "data" in s:
                 what = "new answers" if s.get("skip") else "answers"
                 data = f"{s['conversations']} of the target's own {what} ({s['tokens']:,})"
-            own = s.get("alpha_own_text")
-            own = f"{', '.join(f'{a:.3f}' for a in own)}; {chain_length(own):.3f}" if own else "-"
+            own, first = (f"{', '.join(f'{a:.3f}' for a in s[k])}; {chain_length(s[k]):.3f}" if k in s else "-"
+                          for k in ("alpha_own_text", f"alpha_own_first{FIRST}"))
+            if s.get("answer_tokens"):
+                data += f", answers cut at {s['answer_tokens']} tokens"
             fixed = f"{s['mt_bench_tau_eagle1']:.2f}" if "mt_bench_tau_eagle1" in s else "-"
             kept = "-" if s["stretch"] == 0 else ("yes" if s["kept"] else "no")
             lines.append(f"| {ledger['model']} | {s['stretch']} | {data} | {s['cpu_hours']:.2f} | "
-                         f"{', '.join(f'{a:.3f}' for a in s['alpha'])} | {s['chain_length']:.3f} | {own} | "
+                         f"{', '.join(f'{a:.3f}' for a in s['alpha'])} | {s['chain_length']:.3f} | {own} | {first} | "
                          f"{fixed} | {s['mt_bench_tau']:.2f} | {kept} |")
     return "\n".join(lines)
 
@@ -327,6 +346,8 @@ def main() -> None:
                         "(e.g. data/regenerated/MODEL, the target's own answers) instead of the next ShareGPT slice.")
     parser.add_argument("--new-only", action="store_true",
                         help="With --data: only the conversations after those the last stretch on the same source trained on.")
+    parser.add_argument("--answer-tokens", type=int,
+                        help="Train on the first this many tokens of each answer (extract --answer-tokens).")
     parser.add_argument("--remeasure", nargs=2, metavar=("STRETCH", "HEAD"),
                         help="Fill in what stretch STRETCH lacks (EAGLE-1-tree tau, n-alpha on own answers) from its head folder HEAD.")
     args = parser.parse_args()
@@ -340,7 +361,7 @@ def main() -> None:
     elif args.model:
         if args.new_only and not args.data:
             parser.error("--new-only goes with --data")
-        stretch(args.model, args.data, args.new_only)
+        stretch(args.model, args.data, args.new_only, args.answer_tokens)
     else:
         parser.error("give a MODEL for one stretch, or --report")
 

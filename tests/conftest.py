@@ -79,6 +79,19 @@ def shipped(smollm2):
 
 
 @pytest.fixture(scope="session")
+def random_medusa(smollm2):
+    """A random 3-head Medusa head over a random 4k-token draft vocabulary."""
+    from eaglespec.heads.head import MedusaHead
+
+    torch.manual_seed(0)
+    head = MedusaHead(smollm2.model.config, 3)
+    for block in head.heads:
+        torch.nn.init.normal_(block.linear.weight, std=0.05)
+    vocab = torch.randperm(smollm2.model.config.vocab_size)[:4096]
+    return head.eval().requires_grad_(False).attach(smollm2.model, vocab)
+
+
+@pytest.fixture(scope="session")
 def smollm2_draft(smollm2):
     """A draft model for classic speculative sampling: SmolLM2's first 24 of 30 layers (same
     tokenizer, another distribution: about half of its drafts are rejected)."""

@@ -27,6 +27,19 @@ def test_truncation_keeps_mask_aligned(smollm2):
     assert len(ids) == len(mask) == 10
 
 
+def test_answer_cut_ends_the_conversation_at_the_first_long_answer(smollm2):
+    tok = smollm2.tokenizer
+    ids, mask = render(tok, CHAT, 4096)
+    first = mask.index(1)
+    cut_ids, cut_mask = render(tok, CHAT, 4096, answer_tokens=2)
+    assert cut_ids == ids[:first + 2] and cut_mask == mask[:first + 2] and sum(cut_mask) == 2
+    assert render(tok, CHAT, 4096, answer_tokens=1000) == (ids, mask)
+    text_ids, text_mask = render(tok, Conversation("t", text="plain text is trained on everywhere"), 4096, 3)
+    assert len(text_ids) == 3 and text_mask == [1, 1, 1]
+    with pytest.raises(InvalidArgumentError, match="--answer-tokens"):
+        select(ExtractConfig("m", answer_tokens=0), ReadReport())
+
+
 def test_jsonl_formats_and_malformed_lines(tmp_path):
     lines = [
         json.dumps({"conversations": [{"from": "human", "value": "a"}, {"from": "gpt", "value": "b"}]}),

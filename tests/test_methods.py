@@ -4,8 +4,9 @@ limit and a one-token prompt), and sampling follows the target's distribution (a
 test against exact probabilities). Methods: EAGLE (every tree; the shipped head and a random
 head, which exercises rejections), EAGLE-3 heads (a random one, and an "early exit" one that
 drafts from the target's own hidden state one layer before the end, which the target often
-accepts), classic speculative sampling with a weak draft model, prompt lookup, and `hybrid` (EAGLE,
-lookup and a suffix cache in one tree; with the shipped head, a random one, and without EAGLE)."""
+accepts), classic speculative sampling with a weak draft model, prompt lookup, `hybrid` (EAGLE,
+lookup and a suffix cache in one tree; with the shipped head, a random one, and without EAGLE), and
+Medusa (a random head, auto-sized and fixed)."""
 
 import itertools
 from dataclasses import replace
@@ -28,16 +29,16 @@ PROMPTS = [
 TREES = ["eagle1", "chain:4", "dynamic:topk=3,depth=4,tokens=10", "auto"]
 METHODS = [*(f"eagle:{t}" for t in TREES), "eagle-random:eagle1", "eagle-random:auto", "eagle3-random:eagle1",
            "eagle3-exit:eagle1", "eagle3-exit:auto", "sps:3", "pld:6", "pld", "hybrid", "hybrid-random",
-           "hybrid:lookup+suffix"]
+           "hybrid:lookup+suffix", "medusa-random", "medusa-random:6"]
 
 
 @pytest.fixture(autouse=True)
 def auto_drafts_every_round(monkeypatch):
-    """`auto` trees draft in every round here, and sized prompt lookup and `hybrid` verify 0, 1,
-    2, ... of their candidates in turn: where drafting rounds measure slower than plain ones they
+    """`auto` trees draft in every round here, and sized prompt lookup, `hybrid` and `medusa` verify
+    0, 1, 2, ... of their candidates in turn: where drafting rounds measure slower than plain ones they
     decode plainly (a matter of the machine's timing, tested in test_eagle.py, test_hybrid.py and
     with given costs below), and these tests must exercise the drafting path."""
-    from eaglespec.decoding import hybrid
+    from eaglespec.decoding import hybrid, medusa
     from eaglespec.decoding.eagle import AutoSize
 
     start_round = AutoSize.start_round
@@ -59,6 +60,7 @@ def auto_drafts_every_round(monkeypatch):
     monkeypatch.setattr(AutoSize, "start_round", drafting)
     monkeypatch.setattr(ChainSize, "size", in_turn)
     monkeypatch.setattr(hybrid, "best_prefix", nodes_in_turn)
+    monkeypatch.setattr(medusa, "best_prefix", nodes_in_turn)
 
 
 @pytest.fixture(scope="module")
@@ -90,9 +92,11 @@ def eagle3_heads(smollm2):
 
 
 @pytest.fixture(scope="module")
-def make(shipped, random_head, eagle3_heads, smollm2_draft):
+def make(shipped, random_head, eagle3_heads, smollm2_draft, random_medusa):
     def make(spec: str):
         name, _, tree = spec.partition(":")
+        if name == "medusa-random":
+            return parse_method(spec.replace("-random", ""), medusa=random_medusa)
         if name == "eagle-random":
             return Eagle(random_head, tree)
         if name == "hybrid-random":
@@ -249,7 +253,7 @@ def test_method_specs_and_bad_methods(shipped, smollm2_draft):
     assert [method_needs(s) for s in ("vanilla", "eagle:chain:2", "sps:3", "pld")] == ["", "head", "draft", ""]
     for name, cls in REGISTERED.items():  # every registered method is named in the help
         assert cls.name == name and cls.syntax in METHOD_HELP
-    for bad, message in [("medusa", "unknown method"), ("pld:0", "K >= 1"), ("sps:x", "K >= 1"),
+    for bad, message in [("lookahead", "unknown method"), ("medusa", "needs a Medusa head"), ("pld:0", "K >= 1"), ("sps:x", "K >= 1"),
                          ("eagle:chain:0", "chain needs"), ("eagle", "needs an EAGLE head"),
                          ("sps", "needs a draft model"), ("vanilla:2", "unknown method"),
                          ("pld:", "drop the colon")]:

@@ -211,6 +211,43 @@ def test_chain_predictions_match_step_by_step_drafting(tiny, extracted, layers):
                 predicted = head(predicted[None], tokens[None, j + k + 2:j + k + 3], cache)[0]
 
 
+def test_a_medusa_head_trains_on_the_stored_features_and_saves(cfg, tiny, extracted):
+    from eaglespec.heads.head import MedusaHead
+
+    settings = dict(head_type="medusa", medusa_heads=3, loss="ce", noise=0.0)
+    # (the tiny target's next-token distributions are all near uniform, so only its features give a
+    # loss with room to fall: head k regresses the feature at j + k)
+    state = train(cfg("medusa", epochs=6, lr=3e-3, **(settings | {"loss": "feature:1,ce:0.1"})), log=lambda m: None)
+    assert len(state.evals[0]["alpha"]) == 3  # each head's top-1 agreement
+    assert state.history[-1]["loss"] < 0.9 * state.history[0]["loss"]
+    head = load_head(cfg("medusa").out + "/head", tiny)
+    assert isinstance(head, MedusaHead) and len(head.heads) == 3 and head.vocab_size == 256
+    # the loss: head k at position j against the target's distribution at j + k (the token j + k + 1 after it)
+    sample = FeatureSet(extracted / "heldout")[0]
+    torch.manual_seed(2)
+    fresh = MedusaHead(tiny.model.config, 3).attach(tiny.model, head.draft_vocab)
+    for block in fresh.heads:
+        torch.nn.init.normal_(block.linear.weight, std=0.1)
+    loss, scored, _ = trainer_module.conversation_loss(fresh, sample, cfg("medusa", **settings), torch.Generator(),
+                                                       autocast=False)
+    f, mask = sample["features"].float(), sample["loss_mask"].bool()
+    expected = 0.0
+    with torch.no_grad():
+        for k in range(3):
+            for j in range(len(f) - 2 - k + 1):
+                at = j + k + 1
+                if mask[at]:
+                    p = torch.softmax(tiny.model.lm_head(f[at]), -1)[head.draft_vocab]
+                    log_q = torch.log_softmax(fresh.logits(fresh.heads[k](f[j])), -1)
+                    expected += 0.8 ** k * float(-(p * log_q).sum())
+    assert scored == int(mask[1:].sum()) and float(loss) == pytest.approx(expected, rel=1e-4)
+    for bad, message in [(dict(unroll=3), "EAGLE options"), (dict(init="target-last-layer"), "EAGLE options"),
+                         (dict(aux_layers=(0, 1, 2)), "EAGLE-3 option"),
+                         (dict(init=cfg("medusa").out + "/head", medusa_heads=4), "--medusa-heads 3")]:
+        with pytest.raises(InvalidArgumentError, match=message):
+            train(cfg("bad-medusa", **(settings | bad)), log=lambda m: None)
+
+
 def test_head_checkpoint_has_official_keys_and_refuses_another_target(tiny, smollm2, tmp_path):
     head = EagleHead(tiny.model.config).attach(tiny.model, torch.arange(10))
     save_head(head, tmp_path / "head", "tiny")
@@ -278,6 +315,10 @@ def test_regenerated_answers_are_the_targets_own_and_resume(tiny, dataset, tmp_p
     assert all(r.messages[1]["role"] == "assistant" for r in records)
     with pytest.raises(InvalidArgumentError, match="other settings"):
         regenerate(tiny, replace(config, max_new_tokens=5), out)
+    # --skip continues another folder's prompts: its first shard is the 4th conversation on
+    later = tmp_path / "later"
+    regenerate(tiny, replace(config, skip=3, limit=2), later)
+    assert [r.id for r in read_conversations(str(later), ReadReport())] == ids[3:]
 
 
 def test_eval_head_command_reports_n_alpha(cfg, tiny, dataset, tmp_path):
@@ -304,3 +345,9 @@ def test_eval_head_command_reports_n_alpha(cfg, tiny, dataset, tmp_path):
     on_own = json.loads(result.stdout)
     assert on_own["data"] == str(own) and on_own["conversations"] == 3
     assert 0 < on_own["tokens_scored"] < report["tokens_scored"]  # answers of at most 8 tokens
+    result = CliRunner().invoke(main, ["eval-head", "--model", str(tiny.folder), "--head", cfg("evalcli").out + "/head",
+                                       "--data", str(own), "--limit", "3", "--dtype", "float32", "--json",
+                                       "--answer-tokens", "3"])
+    assert result.exit_code == 0, result.output
+    first_three = json.loads(result.stdout)
+    assert first_three["tokens_scored"] == 9 and first_three["answer_tokens"] == 3

@@ -27,6 +27,7 @@ class Model:
     target: Target
     head: DraftHead | None  # None: no EAGLE
     draft: Target | None = None  # a draft model for sps
+    medusa: DraftHead | None = None  # a Medusa head for `medusa`
     # methods by name, made once, so that what `auto` learns carries from one generation to the next
     methods: dict[str, Method | None] = field(default_factory=dict, compare=False, repr=False)
 
@@ -52,23 +53,27 @@ class Model:
             return method
         spec = method_spec(method, tree)
         if spec not in self.methods:
-            if self.head is None and method_needs(spec) == "head":
+            needs = method_needs(spec)
+            if needs in ("head", "medusa") and {"head": self.head, "medusa": self.medusa}[needs] is None:
                 raise InvalidArgumentError(
-                    f"method '{method}' needs {NEEDS['head']}; none is loaded for {self.target.name} (heads are "
-                    f"shipped for {shipped_heads()}; benchmarks/train_head.sh builds others)")
-            self.methods[spec] = parse_method(spec, self.head, self.draft)
+                    f"method '{method}' needs {NEEDS[needs]}; none is loaded for {self.target.name} (heads are "
+                    f"shipped for {shipped_heads('medusa' if needs == 'medusa' else 'eagle')})")
+            self.methods[spec] = parse_method(spec, self.head, self.draft, self.medusa)
         return self.methods[spec]
 
 
 def load(model: str = DEFAULT_MODEL, head: str | None = "default", dtype: str = "bfloat16",
-         device: str = "cpu", draft_model: str | None = None, weights: str = "dense") -> Model:
+         device: str = "cpu", draft_model: str | None = None, weights: str = "dense",
+         medusa_head: str | None = None) -> Model:
     """Load a target (bundled name, Hugging Face folder or .gguf), an EAGLE head for it
     ('default': the one we ship for the model, where there is one, else none; a folder from
-    `eaglespec train`; None: no head) and optionally a smaller draft model with the same tokenizer
-    for classic speculative sampling. `weights` int8 / int4 runs the target's matrices quantized
-    (CPU). Generation uses EAGLE where a head is loaded, else vanilla decoding."""
+    `eaglespec train`; None: no head), optionally a smaller draft model with the same tokenizer
+    for classic speculative sampling, and optionally a Medusa head (a folder, or 'default': the
+    one shipped in heads/medusa/) for `medusa`. `weights` int8 / int4 runs the target's matrices
+    quantized (CPU). Generation uses EAGLE where a head is loaded, else vanilla decoding."""
     target = load_target(model, dtype, device, weights)
     if head == "default" and shipped_head(target.name) is None:
         head = None
     draft = load_target(draft_model, dtype, device, weights) if draft_model else None
-    return Model(target, load_head(head, target) if head is not None else None, draft)
+    medusa = load_head(medusa_head, target, "medusa") if medusa_head is not None else None
+    return Model(target, load_head(head, target) if head is not None else None, draft, medusa)

@@ -84,11 +84,14 @@ def fetch(name: str) -> None:
 @click.option("--dtype", type=click.Choice(["bfloat16", "float32"]), default="bfloat16", show_default=True)
 @weights_option
 @click.option("--method", default=None,
-              help="vanilla | eagle[:TREE] | sps[:K] (with --draft-model) | pld[:K]; --tree sets eagle's tree. "
-                   "Default: eagle where a head is loaded, else vanilla.")
+              help="vanilla | eagle[:TREE] | sps[:K] (with --draft-model) | pld[:K] | hybrid[:SOURCES] | medusa[:N]; "
+                   "--tree sets eagle's tree. Default: eagle where a head is loaded, else vanilla.")
 @click.option("--head", "head_spec", default="default", show_default=True,
               help="EAGLE head: a folder from `eaglespec train`, or 'default' for the one we ship for the model "
                    "(where there is one).")
+@click.option("--medusa-head", "medusa_spec", default="default", show_default=True,
+              help="Medusa head for --method medusa: a folder from `eaglespec train --head-type medusa`, or "
+                   "'default' for the one we ship in heads/medusa/.")
 @click.option("--tree", default="auto", show_default=True,
               help="EAGLE draft tree: eagle1 | chain:K | dynamic[:topk=T,depth=D,tokens=N] | auto.")
 @click.option("--draft-model", default=None, help="Draft model for sps (same tokenizer as --model).")
@@ -99,7 +102,8 @@ def fetch(name: str) -> None:
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object instead of streaming text.")
 def generate(model_spec: str, prompt: str, chat: bool, max_new_tokens: int, temperature: float,
              top_p: float, top_k: int, seed: int | None, stop: tuple[str, ...], ignore_eos: bool,
-             dtype: str, weights: str, method: str | None, head_spec: str, tree: str, draft_model: str | None,
+             dtype: str, weights: str, method: str | None, head_spec: str, medusa_spec: str, tree: str,
+             draft_model: str | None,
              compare_vanilla: bool, device: str, threads: int | None, as_json: bool) -> None:
     """Generate text, streamed as it is produced, with timing on stderr."""
     import torch
@@ -119,7 +123,7 @@ def generate(model_spec: str, prompt: str, chat: bool, max_new_tokens: int, temp
     if threads:
         torch.set_num_threads(threads)
     model = load(model_spec, head_spec if needs == "head" else None, dtype, device,
-                 draft_model if needs == "draft" else None, weights)
+                 draft_model if needs == "draft" else None, weights, medusa_spec if needs == "medusa" else None)
     settings = {"chat": chat, "max_new_tokens": max_new_tokens, "temperature": temperature, "top_p": top_p,
                 "top_k": top_k, "seed": seed, "stop_strings": stop, "ignore_eos": ignore_eos,
                 "method": method, "tree": tree}
@@ -211,6 +215,8 @@ def show_data(model_spec: str, data: str, index: int) -> None:
 @click.option("--limit", type=int, default=None, help="Conversations to take from the split (default: all).")
 @click.option("--skip", default=0, show_default=True, help="Conversations of the split passed over first.")
 @click.option("--max-len", default=2048, show_default=True, help="Tokens kept per conversation.")
+@click.option("--answer-tokens", default=None, type=int,
+              help="Tokens kept of each answer; a conversation ends at the first answer cut (default: all).")
 @click.option("--heldout-fraction", default=0.02, show_default=True)
 @click.option("--seed", default=0, show_default=True, help="Seed of the held-out split.")
 @click.option("--shard-size", default=32, show_default=True, help="Conversations per shard.")
@@ -225,7 +231,7 @@ def show_data(model_spec: str, data: str, index: int) -> None:
               help="An earlier feature folder of the same model, dtype and layers: its shards that hold exactly "
               "the conversations of this extraction's are linked, not recomputed (e.g. after the data grew).")
 @click.option("--threads", default=None, type=int)
-def extract(model_spec, data, split, limit, skip, max_len, heldout_fraction, seed, shard_size, aux_layers, dtype,
+def extract(model_spec, data, split, limit, skip, max_len, answer_tokens, heldout_fraction, seed, shard_size, aux_layers, dtype,
             device, out, reuse, threads) -> None:
     """Extract target features for training (resumable; runs unchanged under torchrun)."""
     import torch
@@ -240,7 +246,7 @@ def extract(model_spec, data, split, limit, skip, max_len, heldout_fraction, see
         device = f"cuda:{os.environ.get('LOCAL_RANK', '0')}"
     target = load_target(model_spec, dtype, device)
     config = ExtractConfig(model_spec, data, split, limit, max_len, heldout_fraction, seed, shard_size,
-                           _aux_layers(aux_layers, target.model.config.num_layers), dtype, skip)
+                           _aux_layers(aux_layers, target.model.config.num_layers), dtype, skip, answer_tokens)
     rank, world = _world()
     summary = run_extract(target, config, out, rank, world, reuse)
     click.echo(f"{out}: {summary}")
@@ -251,6 +257,8 @@ def extract(model_spec, data, split, limit, skip, max_len, heldout_fraction, see
 @click.option("--data", default="sharegpt", show_default=True, help="Prompts: 'sharegpt' or a dataset file/folder.")
 @click.option("--split", type=click.Choice(["train", "heldout"]), default="train", show_default=True)
 @click.option("--limit", type=int, default=None, help="Conversations to take from the split (default: all).")
+@click.option("--skip", default=0, show_default=True,
+              help="Conversations of the split passed over first (e.g. those another folder answered).")
 @click.option("--turns", default=1, show_default=True, help="User turns kept per conversation (0: all).")
 @click.option("--max-new-tokens", default=512, show_default=True, help="Tokens per answer.")
 @click.option("--max-prompt-tokens", default=1024, show_default=True,
@@ -264,7 +272,7 @@ def extract(model_spec, data, split, limit, skip, max_len, heldout_fraction, see
 @click.option("--max-minutes", default=None, type=float, help="Stop after the shard that passes this; run again to resume.")
 @click.option("--out", required=True, type=click.Path(file_okay=False), help="Dataset folder (resumable).")
 @click.option("--threads", default=None, type=int)
-def regenerate(model_spec, data, split, limit, turns, max_new_tokens, max_prompt_tokens, method, head_spec,
+def regenerate(model_spec, data, split, limit, skip, turns, max_new_tokens, max_prompt_tokens, method, head_spec,
                heldout_fraction, seed, shard_size, max_minutes, out, threads) -> None:
     """Answer training conversations with the target itself (self-distilled data; resumable)."""
     import torch
@@ -275,7 +283,7 @@ def regenerate(model_spec, data, split, limit, turns, max_new_tokens, max_prompt
     from eaglespec.training.regenerate import regenerate as run_regenerate
 
     config = RegenerateConfig(model_spec, data, split, limit, turns, max_new_tokens, max_prompt_tokens, method,
-                              heldout_fraction, seed, shard_size)
+                              heldout_fraction, seed, shard_size, skip)
     needs = method_needs(method)
     if needs == "draft":
         raise EaglespecError("regenerate drafts with vanilla, eagle or pld (no draft model here)")
@@ -299,14 +307,19 @@ def regenerate(model_spec, data, split, limit, turns, max_new_tokens, max_prompt
 @click.option("--grad-clip", default=0.5, show_default=True)
 @click.option("--warmup-steps", default=100, show_default=True)
 @click.option("--batch", "batch_conversations", default=8, show_default=True, help="Conversations per step.")
-@click.option("--noise", default=0.1, show_default=True, help="U(-noise, noise) on input features.")
-@click.option("--loss", default="feature:1,ce:0.1", show_default=True,
+@click.option("--noise", default=None, type=float,
+              help="U(-noise, noise) on input features (default 0.1 for EAGLE heads, 0 for Medusa).")
+@click.option("--loss", default=None,
               help="Weighted loss terms name:weight: feature (EAGLE-1 regression), ce (soft cross-entropy), "
-                   "accept (-log sum min(p, q)), topk (HASS top-K distillation).")
+                   "accept (-log sum min(p, q)), topk (HASS top-K distillation). Default feature:1,ce:0.1 "
+                   "(EAGLE-1's), ce for EAGLE-3 and Medusa heads.")
 @click.option("--unroll", default=1, show_default=True,
               help="Draft steps trained per position (training-time test; 1: EAGLE-1's training).")
-@click.option("--unroll-decay", default=0.8, show_default=True, help="Step i's loss weighs decay**i.")
-@click.option("--head-type", default="eagle1", show_default=True, type=click.Choice(["eagle1", "eagle3"]))
+@click.option("--unroll-decay", default=0.8, show_default=True,
+              help="Step i's loss weighs decay**i (Medusa: head i + 1's, Medusa's lambda).")
+@click.option("--head-type", "--method", "head_type", default="eagle1", show_default=True,
+              type=click.Choice(["eagle1", "eagle3", "medusa"]))
+@click.option("--medusa-heads", default=4, show_default=True, help="Medusa: heads, each one token further ahead.")
 @click.option("--aux-layers", default="", help="EAGLE-3's target layers, e.g. 2,15,27 (default: 2,N//2,N-3).")
 @click.option("--device", default="cpu", show_default=True, help="cpu or cuda.")
 @click.option("--draft-vocab", default=0, show_default=True, help="Reduced draft vocabulary size (0: full).")
@@ -328,12 +341,14 @@ def regenerate(model_spec, data, split, limit, turns, max_new_tokens, max_prompt
 @click.option("--max-steps", default=None, type=int, help="Stop once this many steps are done; run again to resume.")
 @click.option("--threads", default=None, type=int)
 def train(model_spec, train_dir, heldout_dir, out, epochs, lr, beta1, beta2, weight_decay, grad_clip,
-          warmup_steps, batch_conversations, noise, loss, unroll, unroll_decay, head_type, aux_layers, device,
+          warmup_steps, batch_conversations, noise, loss, unroll, unroll_decay, head_type, medusa_heads, aux_layers,
+          device,
           draft_vocab, num_layers, input_variant, init, checkpoint_every, eval_limit, no_autocast, seed,
           budget_minutes, max_minutes, max_steps, threads) -> None:
-    """Train an EAGLE head on extracted features (resumes from OUT; runs unchanged under torchrun)."""
+    """Train an EAGLE (or Medusa) head on extracted features (resumes from OUT; runs unchanged under torchrun)."""
     import torch
 
+    from eaglespec.training.objectives import DEFAULT_LOSS
     from eaglespec.training.trainer import TrainConfig
     from eaglespec.training.trainer import train as run_train
 
@@ -342,8 +357,10 @@ def train(model_spec, train_dir, heldout_dir, out, epochs, lr, beta1, beta2, wei
     config = TrainConfig(
         model=model_spec, train_dir=str(train_dir), out=str(out), heldout_dir=heldout_dir and str(heldout_dir),
         epochs=epochs, lr=lr, betas=(beta1, beta2), weight_decay=weight_decay, grad_clip=grad_clip,
-        warmup_steps=warmup_steps, batch_conversations=batch_conversations, noise=noise, loss=loss, unroll=unroll,
-        unroll_decay=unroll_decay, head_type=head_type, aux_layers=_aux_list(aux_layers), device=device,
+        warmup_steps=warmup_steps, batch_conversations=batch_conversations,
+        noise=(0.0 if head_type == "medusa" else 0.1) if noise is None else noise,
+        loss=loss or (DEFAULT_LOSS if head_type == "eagle1" else "ce"), unroll=unroll, unroll_decay=unroll_decay,
+        head_type=head_type, medusa_heads=medusa_heads, aux_layers=_aux_list(aux_layers), device=device,
         draft_vocab=draft_vocab, num_layers=num_layers, input_variant=input_variant, init=init,
         checkpoint_every=checkpoint_every, eval_limit=eval_limit, autocast=not no_autocast, seed=seed,
         budget_minutes=budget_minutes, max_minutes=max_minutes, max_steps=max_steps,
@@ -363,11 +380,13 @@ def train(model_spec, train_dir, heldout_dir, out, epochs, lr, beta1, beta2, wei
 @click.option("--data", default=None,
               help="Score the held-out split of this source instead of the head's training source, e.g. the "
                    "target's own answers: a folder from `eaglespec regenerate --split heldout`.")
+@click.option("--answer-tokens", default=None, type=int,
+              help="Score only the first this many tokens of each answer (e.g. a benchmark's answer length).")
 @click.option("--depth", default=4, show_default=True, help="Highest n of n-alpha.")
 @click.option("--dtype", type=click.Choice(["bfloat16", "float32"]), default="bfloat16", show_default=True)
 @click.option("--threads", default=None, type=int)
 @click.option("--json", "as_json", is_flag=True)
-def eval_head(model_spec, head_spec, limit, data, depth, dtype, threads, as_json) -> None:
+def eval_head(model_spec, head_spec, limit, data, answer_tokens, depth, dtype, threads, as_json) -> None:
     """Held-out n-alpha of a head: its top-1 agreement with the target's greedy token."""
     import torch
 
@@ -375,7 +394,7 @@ def eval_head(model_spec, head_spec, limit, data, depth, dtype, threads, as_json
 
     if threads:
         torch.set_num_threads(threads)
-    result = held_out_alpha(model_spec, head_spec, limit, depth, dtype, data)
+    result = held_out_alpha(model_spec, head_spec, limit, depth, dtype, data, answer_tokens)
     if as_json:
         click.echo(json.dumps(result))
     else:
@@ -388,11 +407,15 @@ def eval_head(model_spec, head_spec, limit, data, depth, dtype, threads, as_json
 @click.option("--model", "model_spec", default=DEFAULT_MODEL, show_default=True)
 @click.option("--head", "head_spec", default="default", show_default=True,
               help="EAGLE head for the eagle methods: a folder or 'default'.")
+@click.option("--medusa-head", "medusa_spec", default="default", show_default=True,
+              help="Medusa head for --method medusa: a folder from `eaglespec train --head-type medusa`, or "
+                   "'default' for the one we ship in heads/medusa/.")
 @click.option("--dataset", default="mt-bench", show_default=True,
               help="mt-bench | humaneval | sharegpt (held-out split) | a .jsonl/.json file of prompts.")
 @click.option("--limit", default=10, show_default=True, help="Items to run (0: all).")
 @click.option("--methods", default="vanilla,eagle,pld", show_default=True,
-              help="Comma-separated: vanilla | eagle[:TREE] | sps[:K] | pld[:K] | hf | hf-assisted | hf-pld | "
+              help="Comma-separated: vanilla | eagle[:TREE] | sps[:K] | pld[:K] | hybrid[:SOURCES] | medusa[:N] | "
+                   "hf | hf-assisted | hf-pld | "
                    "llama.cpp | llama.cpp-ngram | llama.cpp-draft (built by scripts/setup_llamacpp.sh).")
 @click.option("--temperature", default=0.0, show_default=True, type=float, help="0 is greedy decoding.")
 @click.option("--max-new-tokens", default=128, show_default=True, type=int)
@@ -404,7 +427,7 @@ def eval_head(model_spec, head_spec, limit, data, depth, dtype, threads, as_json
 @click.option("--threads", default=None, type=int, help="torch CPU threads (default: torch's choice).")
 @click.option("--seed", default=0, show_default=True, help="Seed of the first item (sampling).")
 @click.option("--out", required=True, type=click.Path(dir_okay=False), help="Results JSON; PNG plots go beside it.")
-def bench(model_spec, head_spec, dataset, limit, methods, temperature, max_new_tokens, draft_model, dtype, weights,
+def bench(model_spec, head_spec, medusa_spec, dataset, limit, methods, temperature, max_new_tokens, draft_model, dtype, weights,
           device, threads, seed, out) -> None:
     """Every method side by side on one dataset: tokens/s, speedup over vanilla, tau, memory."""
     from pathlib import Path
@@ -431,7 +454,8 @@ def bench(model_spec, head_spec, dataset, limit, methods, temperature, max_new_t
     draft_model = draft_model or DRAFT_MODELS.get(model_spec)
     if threads:
         torch.set_num_threads(threads)
-    config = BenchConfig(model=model_spec, dataset=dataset, methods=specs, head=head_spec, draft_model=draft_model,
+    config = BenchConfig(model=model_spec, dataset=dataset, methods=specs, head=head_spec, medusa_head=medusa_spec,
+                         draft_model=draft_model,
                          limit=limit or None, temperature=temperature, max_new_tokens=max_new_tokens, dtype=dtype,
                          weights=weights, device=device, seed=seed)
     runner = Bench(config)

@@ -10,11 +10,23 @@ from pathlib import Path
 from eaglespec.errors import InvalidArgumentError
 
 
+def json_text(value, depth: int = 0) -> str:
+    """JSON indented by structure, with every list of plain values on one line (token ids,
+    per-depth figures: one value per line would triple a result file's size)."""
+    pad = "  " * (depth + 1)
+    if isinstance(value, dict) and value:
+        items = [f"{pad}{json.dumps(str(k))}: {json_text(v, depth + 1)}" for k, v in value.items()]
+        return "{\n" + ",\n".join(items) + "\n" + "  " * depth + "}"
+    if isinstance(value, (list, tuple)) and any(isinstance(v, (dict, list, tuple)) for v in value):
+        return "[\n" + ",\n".join(pad + json_text(v, depth + 1) for v in value) + "\n" + "  " * depth + "]"
+    return json.dumps(value)
+
+
 def write_json(data: dict, path: Path) -> None:
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(f"{path.name}.tmp{os.getpid()}")
-    tmp.write_text(json.dumps(data, indent=2) + "\n")
+    tmp.write_text(json_text(data) + "\n")
     os.replace(tmp, path)
 
 
@@ -26,13 +38,15 @@ def save_figure(fig, path: Path) -> None:
     os.replace(tmp, path)
 
 
-def check_manifest(out: Path, wanted: dict, what: str) -> None:
+def check_manifest(out: Path, wanted: dict, what: str, added: dict | None = None) -> None:
     """A resumable job's folder records its settings in manifest.json: a new folder gets them,
-    a folder made with other settings is refused (other keys, e.g. progress, are not compared)."""
+    a folder made with other settings is refused (other keys, e.g. progress, are not compared).
+    `added`: settings introduced after folders were made, with the value a folder without them had."""
     manifest = Path(out) / "manifest.json"
     wanted = json.loads(json.dumps(wanted))  # tuples as JSON lists, as read back
     if manifest.is_file():
         found = json.loads(manifest.read_text())
+        found = {**(added or {}), **found}
         diff = {k: (found.get(k), v) for k, v in wanted.items() if found.get(k) != v}
         if diff:
             raise InvalidArgumentError(f"{out} holds {what} made with other settings {diff}: use another --out folder")

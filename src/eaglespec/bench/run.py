@@ -43,6 +43,7 @@ class BenchConfig:
     methods: tuple[str, ...]
     head: str | None = "default"
     draft_model: str | None = None
+    medusa_head: str | None = "default"
     limit: int | None = 10
     temperature: float = 0.0
     max_new_tokens: int = 128
@@ -110,7 +111,8 @@ class Bench:
         self.items = load_items(config.dataset, config.limit)
         needs = {method_needs(m) if m not in EXTERNAL else m for m in methods}
         model = load(config.model, config.head if "head" in needs else None, config.dtype, config.device,
-                     config.draft_model if needs & {"draft", "hf-assisted"} else None, config.weights)
+                     config.draft_model if needs & {"draft", "hf-assisted"} else None, config.weights,
+                     config.medusa_head if "medusa" in needs else None)
         self.target, self.draft = model.target, model.draft
         chat_ids(self.target, [{"role": "user", "content": "x"}])  # refuses a model without a chat template
         if self.draft:
@@ -132,7 +134,8 @@ class Bench:
     def _our_methods(self) -> dict:
         """One object per listed method of ours, even where two specs name the same one (eagle, eagle:auto)."""
         m = self.model
-        return {spec: parse_method(spec, m.head, m.draft) for spec in self.config.methods if spec not in EXTERNAL}
+        return {spec: parse_method(spec, m.head, m.draft, m.medusa) for spec in self.config.methods
+                if spec not in EXTERNAL}
 
     def close(self) -> None:
         """Stops the llama.cpp servers (they also stop when the process exits)."""

@@ -6,7 +6,7 @@ proposer per generation. No method (None) is vanilla decoding.
 
 Each method registers its name (`@register`), parses the text after "name:" in its spec
 (`options`, checked before anything is loaded) and says what it needs loaded beside the target
-(`needs`: an EAGLE head, a draft model, or nothing); `parse_method` makes one from a spec.
+(`needs`: an EAGLE head, a Medusa head, a draft model, or nothing); `parse_method` makes one from a spec.
 
     eagle[:TREE]   EAGLE head drafting a tree (TREE: see `decoding.tree.parse_tree`; default auto)
     sps[:K]        classic speculative sampling: a smaller draft model drafts a chain of K (4)
@@ -15,6 +15,8 @@ Each method registers its name (`@register`), parses the text after "name:" in i
     hybrid[:SOURCES]  one tree from EAGLE, lookup in this generation's text and a suffix cache of
                    earlier generations (`decoding.hybrid`); SOURCES joins some of them with "+",
                    "suffix=N" bounding the cache to N tokens (default all, 200000 tokens)
+    medusa[:N]     Medusa-1's tree of top-k candidates from a Medusa head (`decoding.medusa`), as many
+                   nodes as pay on this machine, or with N always the N best
 
 A method whose needs depend on its options says so with `needs_for(options)` (a hybrid without
 EAGLE needs no head).
@@ -29,6 +31,7 @@ from weakref import WeakKeyDictionary
 from eaglespec.decoding.draft_model import DraftModelProposer, check_draft_model
 from eaglespec.decoding.eagle import EagleProposer
 from eaglespec.decoding.hybrid import SOURCES, Calibration, HybridProposer
+from eaglespec.decoding.medusa import MedusaProposer
 from eaglespec.decoding.ngram_index import NgramIndex
 from eaglespec.decoding.prompt_lookup import PromptLookupProposer
 from eaglespec.decoding.sampling import SamplingParams
@@ -40,7 +43,18 @@ NEEDS = {  # what a method can need loaded, and what to do when it is missing
     "head": "an EAGLE head: --head PATH (a folder from `eaglespec train`), or --head default where one is "
             "shipped (heads/); in Python eaglespec.load(model, head=...)",
     "draft": "a draft model with the target's tokenizer: --draft-model NAME, or eaglespec.load(model, draft_model=NAME)",
+    "medusa": "a Medusa head: --medusa-head PATH (a folder from `eaglespec train --head-type medusa`), or "
+              "--medusa-head default where one is shipped (heads/medusa/); in Python eaglespec.load(model, medusa_head=...)",
 }
+
+
+def _check_head(method: str, head, wanted: str) -> None:
+    """A head of the kind a method drafts with ("eagle": EAGLE-1 or EAGLE-3; "medusa")."""
+    kind = "medusa" if getattr(head, "head_type", "") == "medusa" else "eagle"
+    if head is not None and kind != wanted:
+        raise InvalidArgumentError(f"method '{method}' drafts with {'a Medusa' if wanted == 'medusa' else 'an EAGLE'} "
+                                   f"head, and this one is {'a Medusa' if kind == 'medusa' else 'an EAGLE'} head: "
+                                   f"give it {'--medusa-head' if kind == 'medusa' else '--head'}")
 
 
 def register(cls: type) -> type:
@@ -69,6 +83,7 @@ class Eagle:
 
     def __post_init__(self):
         parse_tree(self.tree)
+        _check_head("eagle", self.head, "eagle")
 
     @staticmethod
     def options(arg: str) -> dict:
@@ -162,6 +177,7 @@ class Hybrid:
             raise InvalidArgumentError(f"hybrid sources {'+'.join(self.sources)}: expected some of {'+'.join(SOURCES)}")
         if "eagle" in self.sources and self.head is None:
             raise InvalidArgumentError(f"hybrid with eagle needs {NEEDS['head']}")
+        _check_head("hybrid", self.head, "eagle")
         NgramIndex(self.cache_tokens)  # checks the bound
 
     @staticmethod
@@ -206,7 +222,34 @@ class Hybrid:
         return make
 
 
-Method = Eagle | DraftModel | PromptLookup | Hybrid
+@register
+@dataclass(frozen=True)
+class Medusa:
+    head: object  # MedusaHead
+    nodes: int | None = None  # None: sized on this machine's verify costs each round
+    name: ClassVar[str] = "medusa"
+    syntax: ClassVar[str] = "medusa[:N]"
+    needs: ClassVar[str] = "medusa"
+    # per target model, then per sampling setting: the heads' calibration, carried across generations
+    calibrations: WeakKeyDictionary = field(default_factory=WeakKeyDictionary, init=False, compare=False, repr=False)
+
+    def __post_init__(self):
+        _check_head("medusa", self.head, "medusa")
+        if self.nodes is not None and not 1 <= self.nodes <= 64:
+            raise InvalidArgumentError(f"method 'medusa:{self.nodes}': expected medusa:N with 1 to 64 nodes")
+
+    @staticmethod
+    def options(arg: str) -> dict:
+        return {"nodes": _count("medusa", arg)} if arg else {}
+
+    def bind(self, target, params: SamplingParams):
+        costs = target.model.verify_costs() if self.nodes is None else None  # measured once per model
+        key = (params.temperature, params.top_p, params.top_k)
+        calibration = self.calibrations.setdefault(target.model, {}).setdefault(key, Calibration())
+        return lambda draws, capacity: MedusaProposer(self.head, self.nodes, calibration, costs)
+
+
+Method = Eagle | DraftModel | PromptLookup | Hybrid | Medusa
 METHOD_HELP = " | ".join(["vanilla", *(cls.syntax for cls in METHODS.values())])
 
 
@@ -233,20 +276,21 @@ def _needs(cls: type, options: dict) -> str:
 
 
 def method_needs(spec: str) -> str:
-    """What a method needs loaded beside the target: "head", "draft" or "" (checks the spec
+    """What a method needs loaded beside the target: "head", "medusa", "draft" or "" (checks the spec
     without loading anything)."""
     cls, options = _lookup(spec)
     return _needs(cls, options) if cls else ""
 
 
-def parse_method(spec: str, head=None, draft=None) -> Method | None:
-    """A method from its command-line name; `head` and `draft` (a draft model's Target) are
-    what the methods that need them get. Raises a one-line error on anything else."""
+def parse_method(spec: str, head=None, draft=None, medusa=None) -> Method | None:
+    """A method from its command-line name; `head` (an EAGLE head), `draft` (a draft model's
+    Target) and `medusa` (a Medusa head) are what the methods that need them get. Raises a
+    one-line error on anything else."""
     cls, options = _lookup(spec)
     if cls is None:
         return None
     needs = _needs(cls, options)
-    loaded = {"head": head, "draft": draft, "": None}[needs]
+    loaded = {"head": head, "draft": draft, "medusa": medusa, "": None}[needs]
     if needs and loaded is None:
         raise InvalidArgumentError(f"method '{spec.strip()}' needs {NEEDS[needs]}")
     return cls(loaded, **options) if needs else cls(**options)

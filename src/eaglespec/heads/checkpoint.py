@@ -8,6 +8,10 @@ engines load.
   midlayer.{input_layernorm, hidden_norm, self_attn.*, post_attention_layernorm, mlp.*}, norm.weight,
   lm_head.weight, d2t (draft id -> target id offset) and t2d (target ids in the draft vocabulary);
   config.json gives `draft_vocab_size` and `eagle_aux_hidden_state_layer_ids`.
+- Medusa (`MedusaModel`, the Medusa release's keys): {k}.0.linear.weight and .bias per head k,
+  `medusa_num_heads` and `medusa_num_layers` (1) in config.json, plus `draft_vocab` when the
+  vocabulary is reduced. The Medusa release also stores each head's own LM head ({k}.1.weight);
+  ours share the target's frozen one, so a file with them is refused.
 """
 
 from __future__ import annotations
@@ -21,11 +25,12 @@ import torch
 from safetensors.torch import load_file, save_file
 
 from eaglespec.errors import EaglespecError, InvalidArgumentError
-from eaglespec.heads.head import DraftHead, Eagle3Head, EagleHead, check_aux_layers
+from eaglespec.heads.head import DraftHead, Eagle3Head, EagleHead, MedusaHead, check_aux_layers
 from eaglespec.models.load import Target, from_hf_state_dict, to_hf_state_dict
 
 SHIPPED = Path(__file__).resolve().parents[3] / "heads"  # heads/ at the repository root
-ARCHITECTURES = {"eagle1": "LlamaForCausalLM", "eagle3": "LlamaForCausalLMEagle3"}
+KINDS = {"eagle1": "an EAGLE-1/2", "eagle3": "an EAGLE-3", "medusa": "a Medusa"}
+ARCHITECTURES = {"eagle1": "LlamaForCausalLM", "eagle3": "LlamaForCausalLMEagle3", "medusa": "MedusaModel"}
 
 
 class HeadMismatchError(EaglespecError):
@@ -48,6 +53,11 @@ def save_head(head: DraftHead, folder: Path, target_name: str, info: dict | None
         tensors = {k.replace("layers.0.", "midlayer."): v for k, v in tensors.items()}
         tensors["d2t"], tensors["t2d"] = head.d2t.cpu(), head.t2d.cpu()
         config |= {"draft_vocab_size": head.vocab_size, "eagle_aux_hidden_state_layer_ids": list(head.reads)}
+    elif head.head_type == "medusa":
+        tensors = {k.replace("heads.", "", 1).replace(".linear.", ".0.linear."): v for k, v in tensors.items()}
+        config |= {"medusa_num_heads": len(head.heads), "medusa_num_layers": 1}
+        if head.draft_vocab is not None:
+            tensors["draft_vocab"] = head.draft_vocab.cpu().to(torch.int64)
     else:
         config["bias"] = True
         if head.draft_vocab is not None:
@@ -67,25 +77,33 @@ def save_head(head: DraftHead, folder: Path, target_name: str, info: dict | None
     shutil.rmtree(old, ignore_errors=True)
 
 
-def shipped_head(target_name: str) -> Path | None:
-    """The folder of the head we ship for a model, if there is one (a model given as a path has none)."""
-    folder = SHIPPED / target_name
-    return folder if folder.parent == SHIPPED and (folder / "config.json").is_file() else None
+def _shipped_root(kind: str) -> Path:
+    """Where the heads of a kind ("eagle" or "medusa") are shipped: heads/ and heads/medusa/."""
+    return SHIPPED / "medusa" if kind == "medusa" else SHIPPED
 
 
-def shipped_heads() -> str:
-    """The models we ship heads for, as text."""
-    return ", ".join(sorted(p.parent.name for p in SHIPPED.glob("*/config.json"))) or "none yet"
+def shipped_head(target_name: str, kind: str = "eagle") -> Path | None:
+    """The folder of the head of a kind we ship for a model, if there is one (a model given as a path has none)."""
+    root = _shipped_root(kind)
+    folder = root / target_name
+    return folder if folder.parent == root and (folder / "config.json").is_file() else None
 
 
-def resolve_head(spec: str, target_name: str) -> Path:
+def shipped_heads(kind: str = "eagle") -> str:
+    """The models we ship heads of a kind for, as text."""
+    return ", ".join(sorted(p.parent.name for p in _shipped_root(kind).glob("*/config.json"))) or "none yet"
+
+
+def resolve_head(spec: str, target_name: str, kind: str = "eagle") -> Path:
     if spec == "default":
-        folder = shipped_head(target_name)
+        folder = shipped_head(target_name, kind)
         if folder is None:
+            option, recipe = ("--medusa-head", "`eaglespec train --head-type medusa`") if kind == "medusa" else \
+                ("--head", "`eaglespec train` (benchmarks/train_head.sh holds the recipes; "
+                 "qwen2.5-coder-1.5b-instruct's head is built there, not shipped)")
             raise InvalidArgumentError(
-                f"no shipped head for '{target_name}' (shipped: {shipped_heads()}); "
-                "pass --head PATH to a head trained with `eaglespec train` (benchmarks/train_head.sh "
-                "holds the recipes; qwen2.5-coder-1.5b-instruct's head is built there, not shipped)"
+                f"no shipped {kind} head for '{target_name}' (shipped: {shipped_heads(kind)}); "
+                f"pass {option} PATH to a head trained with {recipe}"
             )
         return folder
     folder = Path(spec)
@@ -95,7 +113,9 @@ def resolve_head(spec: str, target_name: str) -> Path:
 
 
 def head_type_of(config: dict) -> str:
-    """eagle1 or eagle3, from a head's config.json."""
+    """eagle1, eagle3 or medusa, from a head's config.json."""
+    if "medusa_num_heads" in config:
+        return "medusa"
     return "eagle3" if "LlamaForCausalLMEagle3" in config.get("architectures", []) else "eagle1"
 
 
@@ -111,10 +131,10 @@ def _draft_vocab_of_eagle3(tensors: dict, folder: Path, vocab_size: int) -> torc
     return draft_vocab
 
 
-def load_head(spec: str, target: Target) -> DraftHead:
+def load_head(spec: str, target: Target, kind: str = "eagle") -> DraftHead:
     """Load a head for `target` for inference (frozen; packed weights where exact, int8 ones beside
-    a quantized target), refusing one trained for another model."""
-    folder = resolve_head(spec, target.name)
+    a quantized target), refusing one trained for another model. `kind` says where "default" looks."""
+    folder = resolve_head(spec, target.name, kind)
     config = json.loads((folder / "config.json").read_text())
     c = target.model.config
     mine = (config.get("model_type"), config.get("hidden_size"), config.get("vocab_size"))
@@ -125,6 +145,7 @@ def load_head(spec: str, target: Target) -> DraftHead:
             f"but {target.name} is {theirs[0]} with {theirs[1]} and {theirs[2]}: use a head trained for this target"
         )
     extra = config.get("eaglespec", {})
+    dtype = target.model.weight_like.dtype
     tensors = load_file(str(folder / "model.safetensors"))
     tensors.pop("embed_tokens.weight", None)  # official EAGLE-1 files carry a copy of the target's embedding
     kind = head_type_of(config)
@@ -137,18 +158,26 @@ def load_head(spec: str, target: Target) -> DraftHead:
         draft_vocab = _draft_vocab_of_eagle3(tensors, folder, c.vocab_size)
         head: DraftHead = Eagle3Head(c, aux, len(draft_vocab))
         tensors = {k.replace("midlayer.", "layers.0."): v for k, v in tensors.items()}
+    elif kind == "medusa":
+        if any(k.endswith(".1.weight") for k in tensors) or config.get("medusa_num_layers", 1) != 1:
+            raise HeadMismatchError(f"the Medusa head at {folder} has its own LM heads or several blocks per head; "
+                                    "eaglespec's Medusa heads are one block each on the target's LM head "
+                                    "(train one with `eaglespec train --head-type medusa`)")
+        head = MedusaHead(c, int(config["medusa_num_heads"]))
+        draft_vocab = tensors.pop("draft_vocab", None)
+        tensors = {f"heads.{k.replace('.0.linear.', '.linear.')}": v.to(dtype) for k, v in tensors.items()}
     else:
         head = EagleHead(c, config.get("num_hidden_layers", 1), extra.get("input_variant", "feature+shifted-token"))
         draft_vocab = tensors.pop("draft_vocab", None)
-    dtype = target.model.weight_like.dtype
     try:
-        missing, unexpected = head.load_state_dict(from_hf_state_dict(tensors, dtype), strict=False)
+        mapped = tensors if kind == "medusa" else from_hf_state_dict(tensors, dtype)
+        missing, unexpected = head.load_state_dict(mapped, strict=False)
     except RuntimeError:  # a tensor of another shape
         missing, unexpected = ["(shapes differ)"], []
     if missing or unexpected:
         raise HeadMismatchError(
             f"the head at {folder} does not have the expected weights (missing {missing[:3]}, "
-            f"unexpected {unexpected[:3]}): it is not an {'EAGLE-3' if kind == 'eagle3' else 'EAGLE-1/2'} head "
+            f"unexpected {unexpected[:3]}): it is not {KINDS[kind]} head "
             "for this target"
         )
     head = head.to(target.model.weight_like.device, dtype).eval().requires_grad_(False)

@@ -1,4 +1,4 @@
-"""Draft heads: EAGLE-1 and EAGLE-3.
+"""Draft heads: EAGLE-1, EAGLE-3 and Medusa.
 
 Both read, at committed position j, what the target computed there (`reads`: EAGLE-1 its final
 feature f[j], EAGLE-3 the hidden states entering three of its layers) together with the token
@@ -15,8 +15,15 @@ whose attention reads concat(input_norm(embed(t[j+1])), hidden_norm(h)) (q/k/v t
 the residual on h; its output, after a final `norm`, goes through the head's own LM head over
 the draft vocabulary. Everything but the embedding is trained.
 
-The frozen embedding (and EAGLE-1's LM head) are the target's own tensors, shared, never copied
-into the checkpoint. With a reduced draft vocabulary a head proposes only from `draft_vocab`
+Medusa (`MedusaHead`, Medusa-1: the target frozen): K heads on the target's final feature f[j]
+alone, head k (k = 1..K) predicting token t[j+k+1], one past what the target's own LM head gives;
+each head is a residual block f + SiLU(W f + b) followed by the target's frozen LM head. Its
+`unroll` returns the K heads' hidden states side by side (step k - 1 is head k), so training and
+evaluation run the code EAGLE's do, and its "n-alpha" is head n+1's top-1 agreement with the
+target's greedy token on true features (Medusa's head accuracy).
+
+The frozen embedding (and EAGLE-1's and Medusa's LM head) are the target's own tensors, shared,
+never copied into the checkpoint. With a reduced draft vocabulary a head proposes only from `draft_vocab`
 (target ids).
 """
 
@@ -34,7 +41,7 @@ from eaglespec.models.quantize import QuantizedLinear, quantize
 
 # What an EAGLE-1 head reads at position j (paper Fig. 8): feature f[j] and/or a token embedding.
 INPUT_VARIANTS = ("feature+shifted-token", "feature+unshifted-token", "feature", "token")
-HEAD_TYPES = ("eagle1", "eagle3")
+HEAD_TYPES = ("eagle1", "eagle3", "medusa")
 
 
 def default_aux_layers(num_layers: int) -> tuple[int, int, int]:
@@ -59,11 +66,15 @@ class DraftHead(Stack):
     reads: tuple[int, ...] = ()  # target layers whose input hidden states the head reads; (): f
     input_variant = "feature+shifted-token"
 
+    drafts_with_target_lm = True  # its logits are the target's LM head's (EAGLE-1, Medusa); else its own
+
     def __init__(self, config: ModelConfig, num_layers: int, layer: type[nn.Module] = Layer):
         super().__init__(config, num_layers, layer)
         self.draft_vocab: Tensor | None = None  # [N] target ids, None for the full vocabulary
         self.embed_weight: Tensor | None = None  # frozen, the target's
         self.target_lm: Tensor | None = None  # frozen: the target's LM head rows of the draft vocabulary
+        self.lm_packed: tuple[str, Tensor] | None = None  # target_lm pre-packed (see `pack_weight`)
+        self.lm_quantized: QuantizedLinear | None = None  # or quantized (see `quantize_weights`)
 
     def attach(self, target: Decoder, draft_vocab: Tensor | None = None) -> DraftHead:
         """Share the target's frozen embedding and LM head (sliced to the draft vocabulary)."""
@@ -71,6 +82,7 @@ class DraftHead(Stack):
         lm = target.lm_head.weight.detach().to(target.weight_like.dtype)  # (a quantized LM head dequantized once)
         self.draft_vocab = None if draft_vocab is None else draft_vocab.to(lm.device, torch.long)
         self.target_lm = lm if draft_vocab is None else lm[self.draft_vocab].contiguous()
+        self.lm_packed = self.lm_quantized = None
         return self
 
     @property
@@ -96,6 +108,27 @@ class DraftHead(Stack):
         read in half the bytes of bf16 and multiplied by the same kernels as the target's. The
         head's rounding changes which tokens it proposes, never what verification outputs."""
         quantize(self, "int8", self.weight_like.dtype)
+        if self.drafts_with_target_lm:
+            lm = nn.Linear(self.target_lm.shape[1], self.target_lm.shape[0], bias=False, device="meta")
+            lm.weight = nn.Parameter(self.target_lm, requires_grad=False)
+            self.lm_quantized = QuantizedLinear(lm, "int8")
+
+    def pack_weights(self) -> bool:
+        """Pre-pack the head's and the sliced LM head's weights where exact (bf16 on CPU)."""
+        if not super().pack_weights():
+            return False
+        if self.drafts_with_target_lm:
+            self.lm_packed = pack_weight(self.target_lm)
+        return True
+
+    def logits(self, hidden: Tensor) -> Tensor:
+        """Draft logits over the draft vocabulary [..., N] (index with `to_target` for target ids):
+        the target's LM head on the predicted hidden state."""
+        if self.lm_quantized is not None:
+            return self.lm_quantized(hidden)
+        if self.lm_packed is not None and hidden.dtype == self.target_lm.dtype and plain_cpu(hidden):
+            return packed_linear(hidden, self.lm_packed, None, len(self.target_lm))
+        return self.target_logits(hidden)
 
     def unroll(self, target_outputs: Tensor, tokens: Tensor, depth: int, cache: KVCache) -> list[Tensor]:
         """Chains drafted from every position j at once, as chain drafting runs them.
@@ -135,26 +168,6 @@ class EagleHead(DraftHead):
         self.input_variant = input_variant
         self.fc = Linear(2 * config.hidden_size, config.hidden_size, bias=True)
         self.layers[0].input_norm = nn.Identity()
-        self.lm_packed: tuple[str, Tensor] | None = None  # target_lm pre-packed (see `pack_weight`)
-        self.lm_quantized: QuantizedLinear | None = None  # or quantized (see `quantize_weights`)
-
-    def attach(self, target: Decoder, draft_vocab: Tensor | None = None) -> EagleHead:
-        super().attach(target, draft_vocab)
-        self.lm_packed = self.lm_quantized = None
-        return self
-
-    def quantize_weights(self) -> None:
-        super().quantize_weights()
-        lm = nn.Linear(self.target_lm.shape[1], self.target_lm.shape[0], bias=False, device="meta")
-        lm.weight = nn.Parameter(self.target_lm, requires_grad=False)
-        self.lm_quantized = QuantizedLinear(lm, "int8")
-
-    def pack_weights(self) -> bool:
-        """Pre-pack the layers' and the sliced LM head's weights where exact (bf16 on CPU)."""
-        if not super().pack_weights():
-            return False
-        self.lm_packed = pack_weight(self.target_lm)
-        return True
 
     def inputs(self, features: Tensor, tokens: Tensor) -> Tensor:
         """fc input [B, T, 2H] = concat(embedding, feature), parts zeroed by the input variant.
@@ -172,14 +185,6 @@ class EagleHead(DraftHead):
                 mask: Tensor | None = None) -> Tensor:
         """Predicted next features [B, T, H] from features [B, T, H] and tokens [B, T] (see `inputs`)."""
         return self.run_layers(self.fc(self.inputs(features, tokens)), cache, positions, mask)[0]
-
-    def logits(self, features: Tensor) -> Tensor:
-        """Draft logits over the draft vocabulary [..., N] (index with `to_target` for target ids)."""
-        if self.lm_quantized is not None:
-            return self.lm_quantized(features)
-        if self.lm_packed is not None and features.dtype == self.target_lm.dtype and plain_cpu(features):
-            return packed_linear(features, self.lm_packed, None, len(self.target_lm))
-        return self.target_logits(features)
 
     def init_from_target(self, target: Decoder) -> None:
         """Start near "repeat the last layer": fc passes the feature through, and the layer is a
@@ -217,6 +222,7 @@ class Eagle3Layer(nn.Module):
 
 class Eagle3Head(DraftHead):
     head_type = "eagle3"
+    drafts_with_target_lm = False
 
     def __init__(self, config: ModelConfig, aux_layers: tuple[int, ...], draft_vocab_size: int):
         check_aux_layers(tuple(aux_layers), config.num_layers)
@@ -269,10 +275,55 @@ class Eagle3Head(DraftHead):
         return member
 
 
+class ResBlock(nn.Module):
+    """Medusa's block: x + SiLU(linear(x)), zero-initialized so that a fresh head repeats the
+    target's own next-token prediction."""
+
+    def __init__(self, hidden_size: int):
+        super().__init__()
+        self.linear = Linear(hidden_size, hidden_size, bias=True)
+        nn.init.zeros_(self.linear.weight)
+        nn.init.zeros_(self.linear.bias)
+
+    def forward(self, x: Tensor) -> Tensor:
+        return x + F.silu(self.linear(x))
+
+
+class MedusaHead(DraftHead):
+    head_type = "medusa"
+    input_variant = "feature"
+
+    def __init__(self, config: ModelConfig, num_heads: int = 4):
+        if not 1 <= num_heads <= 16:
+            raise InvalidArgumentError(f"a Medusa head has 1 to 16 heads, got {num_heads}")
+        super().__init__(config, 0)
+        self.heads = nn.ModuleList(ResBlock(config.hidden_size) for _ in range(num_heads))
+
+    @property
+    def weight_like(self) -> Tensor:
+        return self.heads[0].linear.bias  # (not quantized)
+
+    def new_cache(self, capacity: int, batch: int = 1, dtype: torch.dtype | None = None) -> None:
+        return None  # the heads attend to nothing
+
+    def forward(self, features: Tensor) -> Tensor:
+        """Hidden states [K, ..., H], head k's at index k - 1, from final features [..., H]."""
+        return torch.stack([block(features) for block in self.heads])
+
+    def unroll(self, target_outputs: Tensor, tokens: Tensor, depth: int, cache: None) -> list[Tensor]:
+        """As `DraftHead.unroll`'s steps: per head k = 1..min(K, depth + 1), the hidden states
+        [L - k + 1, H] predicted from f[0..L-k] (head k at j predicts what the target gives at j + k)."""
+        L = len(target_outputs)
+        return [block(target_outputs[:L - k]) for k, block in enumerate(self.heads[:depth + 1]) if L - k > 0]
+
+    def init_from_target(self, target: Decoder) -> None:
+        pass  # zero blocks: every head starts as the target's own prediction
+
+
 def make_head(config: ModelConfig, head_type: str = "eagle1", *, num_layers: int = 1,
               input_variant: str = "feature+shifted-token", aux_layers: tuple[int, ...] | None = None,
-              draft_vocab_size: int | None = None) -> DraftHead:
-    """A fresh head of a type (`eagle1` or `eagle3`), checking the options that type takes."""
+              draft_vocab_size: int | None = None, medusa_heads: int = 4) -> DraftHead:
+    """A fresh head of a type (`eagle1`, `eagle3` or `medusa`), checking the options that type takes."""
     if head_type == "eagle1":
         if aux_layers:
             raise InvalidArgumentError("aux layers are for EAGLE-3 heads; an EAGLE-1 head reads the final feature")
@@ -282,4 +333,9 @@ def make_head(config: ModelConfig, head_type: str = "eagle1", *, num_layers: int
             raise InvalidArgumentError("an EAGLE-3 head has one decoder layer and reads features + shifted tokens")
         return Eagle3Head(config, aux_layers or default_aux_layers(config.num_layers),
                           draft_vocab_size or config.vocab_size)
+    if head_type == "medusa":
+        if num_layers != 1 or input_variant != "feature+shifted-token" or aux_layers:
+            raise InvalidArgumentError("a Medusa head reads the final feature alone, through residual blocks: "
+                                       "--layers, --input-variant and --aux-layers are EAGLE options")
+        return MedusaHead(config, medusa_heads)
     raise InvalidArgumentError(f"unknown head type '{head_type}': use {' or '.join(HEAD_TYPES)}")

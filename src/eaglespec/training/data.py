@@ -163,15 +163,18 @@ def is_held_out(conversation_id: str, fraction: float, seed: int) -> bool:
     return int.from_bytes(digest[:8], "big") / 2**64 < fraction
 
 
-def render(tokenizer, conversation: Conversation, max_len: int) -> tuple[list[int], list[int]]:
+def render(tokenizer, conversation: Conversation, max_len: int,
+           answer_tokens: int | None = None) -> tuple[list[int], list[int]]:
     """Token ids and loss mask (1 on assistant tokens, including each turn's end-of-turn marker).
 
     Assistant spans are found by rendering the conversation turn by turn with the chat template:
     the text before turn i with a generation prompt is a prefix of the text through turn i.
+    With `answer_tokens`, the conversation ends after that many tokens of the first assistant turn
+    that is longer: what a greedy answer cut at that many new tokens would give.
     """
     if conversation.text is not None:
         ids = tokenizer(conversation.text)["input_ids"][:max_len]
-        return ids, [1] * len(ids)
+        return _cut_answers(ids, [1] * len(ids), answer_tokens)
     msgs = conversation.messages
 
     def text_of(messages, generation_prompt=False):
@@ -198,6 +201,16 @@ def render(tokenizer, conversation: Conversation, max_len: int) -> tuple[list[in
             span += 1
         inside = span < len(spans) and spans[span][0] <= start and end <= spans[span][1] and end > start
         mask.append(int(inside))
+    return _cut_answers(ids, mask, answer_tokens)
+
+
+def _cut_answers(ids: list[int], mask: list[int], answer_tokens: int | None) -> tuple[list[int], list[int]]:
+    """ids and mask up to the `answer_tokens`-th token of the first trained span longer than that."""
+    run = 0
+    for i, m in enumerate(mask):
+        run = run + 1 if m else 0
+        if answer_tokens is not None and run > answer_tokens:
+            return ids[:i], mask[:i]
     return ids, mask
 
 

@@ -75,10 +75,11 @@ def evaluate(head: DraftHead, samples, depth: int = 4) -> dict:
 
 
 def held_out_alpha(model: str, head_spec: str, limit: int, depth: int = 4, dtype: str = "bfloat16",
-                   data: str | None = None) -> dict:
+                   data: str | None = None, answer_tokens: int | None = None) -> dict:
     """n-alpha of a head on the held-out conversations of the data split it was trained with, or
     on those of `data` (another source split the same way, e.g. the target's own answers to the
-    held-out prompts from `eaglespec regenerate --split heldout`).
+    held-out prompts from `eaglespec regenerate --split heldout`), over the first `answer_tokens`
+    of each answer if given.
 
     Features come from a target forward of each conversation (nothing is written to disk).
     """
@@ -87,12 +88,13 @@ def held_out_alpha(model: str, head_spec: str, limit: int, depth: int = 4, dtype
 
     target = load_target(model, dtype)
     head = load_head(head_spec, target)
-    source, conversations, samples = held_out_samples(target, head, head_spec, limit, data)
+    source, conversations, samples = held_out_samples(target, head, head_spec, limit, data, answer_tokens)
     return {"model": model, "head": head_spec, "data": source, **evaluate(head, samples, depth),
-            "conversations": len(conversations)}
+            "conversations": len(conversations), **({"answer_tokens": answer_tokens} if answer_tokens else {})}
 
 
-def held_out_samples(target, head: DraftHead, head_spec: str, limit: int, data: str | None = None):
+def held_out_samples(target, head: DraftHead, head_spec: str, limit: int, data: str | None = None,
+                     answer_tokens: int | None = None):
     """(source, conversations, samples): the held-out conversations of the split `head_spec` was
     trained with (or of `data`, split the same way) and a generator of their samples (token ids,
     loss mask and the target's outputs, from a forward of each)."""
@@ -103,12 +105,13 @@ def held_out_samples(target, head: DraftHead, head_spec: str, limit: int, data: 
     trained = json.loads((resolve_head(head_spec, target.name) / "config.json").read_text())
     split = trained.get("eaglespec", {}).get("split", {})
     config = ExtractConfig(target.name, data or split.get("source", "sharegpt"), "heldout", limit,
-                           split.get("max_len", 2048), split.get("heldout_fraction", 0.02), split.get("seed", 0))
+                           split.get("max_len", 2048), split.get("heldout_fraction", 0.02), split.get("seed", 0),
+                           answer_tokens=answer_tokens)
     conversations = select(config, ReadReport())
 
     def samples():
         for conversation in conversations:
-            ids, mask = render(target.tokenizer, conversation, config.max_len)
+            ids, mask = render(target.tokenizer, conversation, config.max_len, config.answer_tokens)
             yield {"tokens": torch.tensor(ids), "loss_mask": torch.tensor(mask), **target_outputs(target, ids, head.reads)}
 
     return config.source, conversations, samples()

@@ -47,6 +47,7 @@ class ExtractConfig:
     aux_layers: tuple[int, ...] = ()  # EAGLE-3: also store the hidden states entering these layers
     dtype: str = "bfloat16"  # of the target forward (features are stored in bf16 either way)
     skip: int = 0  # conversations of the split passed over first (slices of a long program)
+    answer_tokens: int | None = None  # tokens kept of each answer; a conversation ends at the first one cut
 
 
 def parse_sources(spec: str) -> list[tuple[str, float]]:
@@ -86,6 +87,8 @@ def select(config: ExtractConfig, report: ReadReport) -> list[Conversation]:
     allows), interleaved evenly."""
     if config.skip < 0 or (config.limit is not None and config.limit < 1):
         raise InvalidArgumentError(f"--skip must be >= 0 and --limit >= 1, got {config.skip} and {config.limit}")
+    if config.answer_tokens is not None and config.answer_tokens < 1:
+        raise InvalidArgumentError(f"--answer-tokens must be >= 1, got {config.answer_tokens}")
     sources = [(s, w) for s, w in parse_sources(config.source) if w > 0]
     total = sum(w for _, w in sources)
     wanted = None if config.limit is None else config.skip + config.limit
@@ -186,10 +189,10 @@ def extract(target: Target, config: ExtractConfig, out: Path, rank: int = 0, wor
     conversations = select(config, report)
     if report.summary():
         print(f"{config.source}: {report.summary()}")
-    check_manifest(out, asdict(config), "features")
+    check_manifest(out, asdict(config), "features", added={"answer_tokens": None})
     shards = math.ceil(len(conversations) / config.shard_size)
     todo = [k for k in range(shards) if k % world == rank and not (out / f"shard-{k:05d}.safetensors").is_file()]
-    sample = [len(render(target.tokenizer, c, config.max_len)[0]) for c in conversations[:50]]
+    sample = [len(render(target.tokenizer, c, config.max_len, config.answer_tokens)[0]) for c in conversations[:50]]
     per_conversation = sum(sample) / len(sample)
     per_token = 2 * (1 + len(config.aux_layers)) * target.model.config.hidden_size + 4 + 1 + 4 + 4
     estimate = per_conversation * len(conversations)
@@ -201,7 +204,7 @@ def extract(target: Target, config: ExtractConfig, out: Path, rank: int = 0, wor
     skipped = reused = 0
     for k in todo:
         rows, shard_start = [], work_seconds(target.model.weight_like.device)
-        rendered = [render(target.tokenizer, c, config.max_len)
+        rendered = [render(target.tokenizer, c, config.max_len, config.answer_tokens)
                     for c in conversations[k * config.shard_size:(k + 1) * config.shard_size]]
         kept = [(ids, mask) for ids, mask in rendered if sum(mask[1:]) > 0 and len(ids) >= 2]
         skipped += len(rendered) - len(kept)  # nothing to train on after truncation

@@ -41,6 +41,7 @@ class RegenerateConfig:
     heldout_fraction: float = 0.02
     seed: int = 0
     shard_size: int = 64  # conversations per shard
+    skip: int = 0  # conversations of the split passed over first (continuing another folder's prompts)
 
     def __post_init__(self):
         if self.turns < 0:
@@ -107,11 +108,11 @@ def regenerate(target: Target, config: RegenerateConfig, out: Path, method=None,
     `max_minutes` stops after the shard that passes it (run again to continue)."""
     out = Path(out)
     split = ExtractConfig(config.model, config.source, config.split, config.limit,
-                          heldout_fraction=config.heldout_fraction, seed=config.seed)
+                          heldout_fraction=config.heldout_fraction, seed=config.seed, skip=config.skip)
     conversations = select(split, ReadReport())
     settings = asdict(config)
     del settings["method"]  # not a setting of the answers: every method gives the target's greedy output
-    check_manifest(out, settings, "answers")
+    check_manifest(out, settings, "answers", added={"skip": 0})
     shards = -(-len(conversations) // config.shard_size)
     todo = [k for k in range(shards) if not (out / f"part-{k:05d}.jsonl.gz").is_file()]
     print(f"{len(conversations)} conversations in {shards} shards at {out}; {len(todo)} shards to do")

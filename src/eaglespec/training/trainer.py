@@ -1,10 +1,11 @@
-"""Training a draft head (EAGLE-1 or EAGLE-3) on extracted features.
+"""Training a draft head (EAGLE-1, EAGLE-3 or Medusa) on extracted features.
 
 The loss is a weighted sum of the terms of `objectives.py` over assistant positions (default
 EAGLE-1's SmoothL1(f_hat, f) + 0.1 * soft CE), with U(-noise, noise) on the input features.
 With `unroll` K > 1 (the training-time test of EAGLE-3 / HASS) every position is drafted for K
 steps exactly as chain drafting runs (`DraftHead.unroll`): step i reads the head's own output of
-step i-1, and its loss weighs `unroll_decay`**i. AdamW with warmup then linear decay, gradient
+step i-1, and its loss weighs `unroll_decay`**i. A Medusa head's steps are its heads (head i + 1
+predicts one token further than head i, from the same true feature), weighted the same way. AdamW with warmup then linear decay, gradient
 clipping, bf16 autocast where the device supports it.
 
 A run folder holds `checkpoint.pt` (head, optimizer, scheduler, data position, history), written atomically every N steps, at each epoch end and on Ctrl-C; the same command
@@ -19,7 +20,7 @@ import json
 import os
 import time
 from contextlib import nullcontext
-from dataclasses import asdict, dataclass, field
+from dataclasses import MISSING, asdict, dataclass, field, fields
 from pathlib import Path
 
 import torch
@@ -53,7 +54,8 @@ class TrainConfig:
     loss: str = DEFAULT_LOSS  # weighted terms of objectives.py
     unroll: int = 1  # K: draft steps trained per position (training-time test); 1 = EAGLE-1's training
     unroll_decay: float = 0.8  # step i's loss weighs unroll_decay ** i
-    head_type: str = "eagle1"  # or "eagle3"
+    head_type: str = "eagle1"  # or "eagle3", "medusa"
+    medusa_heads: int = 4  # a Medusa head's heads
     aux_layers: tuple[int, ...] = ()  # EAGLE-3's target layers (default: vLLM's 2, N // 2, N - 3)
     draft_vocab: int = 0  # 0: the full target vocabulary
     num_layers: int = 1
@@ -86,7 +88,10 @@ class TrainConfig:
             if self.init == "target-last-layer" or self.num_layers != 1 or self.input_variant != "feature+shifted-token":
                 raise InvalidArgumentError("--init target-last-layer, --layers and --input-variant are EAGLE-1 options")
         elif self.aux_layers:
-            raise InvalidArgumentError("--aux-layers is an EAGLE-3 option (an EAGLE-1 head reads the final feature)")
+            raise InvalidArgumentError("--aux-layers is an EAGLE-3 option (EAGLE-1 and Medusa heads read the final feature)")
+        if self.head_type == "medusa" and (self.unroll != 1 or self.init == "target-last-layer"):
+            raise InvalidArgumentError("--unroll and --init target-last-layer are EAGLE options: a Medusa head "
+                                       "trains each of its --medusa-heads on true features")
         if self.budget_minutes is not None and self.budget_minutes <= 0:
             raise InvalidArgumentError(f"--budget-minutes must be > 0, got {self.budget_minutes}")
         if self.init not in ("random", "target-last-layer") and not (Path(self.init) / "config.json").is_file():
@@ -95,11 +100,14 @@ class TrainConfig:
         self.aux_layers = tuple(self.aux_layers)
 
     def same_run(self, other: dict) -> bool:
-        """Equal up to the stopping limits, which may change between stretches of one run."""
+        """Equal up to the stopping limits, which may change between stretches of one run (a
+        setting added since `other` was saved counts as its default)."""
         limits = ("max_minutes", "max_steps")
+        defaults = {f.name: f.default for f in fields(self) if f.default is not MISSING}
         mine = json.loads(json.dumps(asdict(self)))  # tuples as lists, as saved
+        theirs = json.loads(json.dumps({**defaults, **other}))
         return {k: v for k, v in mine.items() if k not in limits} == \
-            {k: v for k, v in json.loads(json.dumps(other)).items() if k not in limits}
+            {k: v for k, v in theirs.items() if k not in limits}
 
 
 @dataclass
@@ -154,7 +162,7 @@ def conversation_loss(head: DraftHead, sample: dict, config: TrainConfig, genera
     if config.noise:
         inputs = inputs + (torch.rand(inputs.shape, generator=generator) * 2 - 1) * config.noise
     device_type = head.weight_like.device.type
-    L, depth = len(tokens), config.unroll - 1
+    L, depth = len(tokens), (len(head.heads) if head.head_type == "medusa" else config.unroll) - 1
     inputs, tokens, final = (t.to(head.weight_like.device) for t in (inputs, tokens, final))
     lse, mask = sample["target_lse"].to(final.device), sample["loss_mask"].bool().to(final.device)
     total, scored0, hits = 0.0, 0, 0
@@ -218,6 +226,9 @@ def train(config: TrainConfig, log=print) -> State:
             raise InvalidArgumentError(
                 f"--init {config.init} is an {start.head_type} head over {start.vocab_size} draft tokens; this run "
                 f"trains an {config.head_type} head over {config.draft_vocab or 'its own'}: make them agree")
+        if start.head_type == "medusa" and len(start.heads) != config.medusa_heads:
+            raise InvalidArgumentError(f"--init {config.init} has {len(start.heads)} Medusa heads; give "
+                                       f"--medusa-heads {len(start.heads)}")
         vocab = start.draft_vocab
     else:
         vocab = draft_vocabulary(train_set, config.draft_vocab) if config.draft_vocab else None
@@ -226,7 +237,8 @@ def train(config: TrainConfig, log=print) -> State:
         check_aux_layers(config.aux_layers, target.model.config.num_layers)
     head = make_head(target.model.config, config.head_type, num_layers=config.num_layers,
                      input_variant=config.input_variant, aux_layers=config.aux_layers or (start.reads if start else None) or None,
-                     draft_vocab_size=len(vocab) if vocab is not None else None).attach(target.model, vocab)
+                     draft_vocab_size=len(vocab) if vocab is not None else None,
+                     medusa_heads=config.medusa_heads).attach(target.model, vocab)
     for folder, features in ((config.train_dir, train_set), (config.heldout_dir, heldout)):
         extracted = tuple(features.manifest.get("aux_layers", ())) if features else head.reads
         if head.reads and head.reads != extracted:
