@@ -84,7 +84,8 @@ def test_bench_every_kind_of_method(tmp_path, monkeypatch):
 
 @pytest.mark.parametrize("args, message", [
     (["--dataset", "gsm8k"], "unknown dataset"),
-    (["--methods", "vanilla,medusa"], "unknown method 'medusa'"),
+    (["--methods", "vanilla,jacobi"], "unknown method 'jacobi'"),
+    (["--methods", "medusa", "--medusa-head", "/nonexistent-medusa-head"], "no head at '/nonexistent-medusa-head'"),
     (["--methods", "sps:3"], "needs a draft model"),
     (["--methods", "hf-assisted"], "needs a draft model"),
     (["--methods", "llama.cpp-draft"], "needs a draft model"),
