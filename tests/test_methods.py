@@ -6,7 +6,7 @@ head, which exercises rejections), EAGLE-3 heads (a random one, and an "early ex
 drafts from the target's own hidden state one layer before the end, which the target often
 accepts), classic speculative sampling with a weak draft model, prompt lookup, `hybrid` (EAGLE,
 lookup and a suffix cache in one tree; with the shipped head, a random one, and without EAGLE), and
-Medusa (a random head, auto-sized and fixed)."""
+Medusa (a random head, auto-sized and fixed), and Lookahead decoding."""
 
 import itertools
 from dataclasses import replace
@@ -29,7 +29,7 @@ PROMPTS = [
 TREES = ["eagle1", "chain:4", "dynamic:topk=3,depth=4,tokens=10", "auto"]
 METHODS = [*(f"eagle:{t}" for t in TREES), "eagle-random:eagle1", "eagle-random:auto", "eagle3-random:eagle1",
            "eagle3-exit:eagle1", "eagle3-exit:auto", "sps:3", "pld:6", "pld", "hybrid", "hybrid-random",
-           "hybrid:lookup+suffix", "medusa-random", "medusa-random:6"]
+           "hybrid:lookup+suffix", "medusa-random", "medusa-random:6", "lookahead", "lookahead:W=3,N=3,G=2"]
 
 
 @pytest.fixture(autouse=True)
@@ -124,7 +124,7 @@ def test_greedy_equals_vanilla(smollm2, make, vanilla, spec):
         assert sum(o.new_tokens for o in outs) > sum(o.target_forwards for o in outs)
 
 
-@pytest.mark.parametrize("spec", ["eagle:eagle1", "sps:4", "pld:4", "hybrid"])
+@pytest.mark.parametrize("spec", ["eagle:eagle1", "sps:4", "pld:4", "hybrid", "lookahead"])
 def test_limits_end_generation_as_vanilla_does(smollm2, shipped, make, spec):
     method = make(spec)
     prompt = "Count from one to twenty in words."
@@ -191,7 +191,7 @@ def chi_square_p_value(counts: list[int], probs: list[float]) -> float:
 
 
 @pytest.mark.parametrize("spec", ["eagle:eagle1", "eagle:dynamic:topk=3,depth=3,tokens=8", "eagle3-exit:eagle1",
-                                  "sps:3", "pld:3", "hybrid"])
+                                  "sps:3", "pld:3", "hybrid", "lookahead"])
 def test_sampling_matches_the_target_distribution(smollm2, smollm2_hf, make, spec):
     """The first 3 tokens of 300 seeded samples at temperature 1 against their exact vanilla
     probabilities: a chi-square test over 15 bins (see `exact_bins`), rejecting at p < 1e-3.
@@ -253,7 +253,7 @@ def test_method_specs_and_bad_methods(shipped, smollm2_draft):
     assert [method_needs(s) for s in ("vanilla", "eagle:chain:2", "sps:3", "pld")] == ["", "head", "draft", ""]
     for name, cls in REGISTERED.items():  # every registered method is named in the help
         assert cls.name == name and cls.syntax in METHOD_HELP
-    for bad, message in [("lookahead", "unknown method"), ("medusa", "needs a Medusa head"), ("pld:0", "K >= 1"), ("sps:x", "K >= 1"),
+    for bad, message in [("jacobi", "unknown method"), ("lookahead:W=0", "W 1-16"), ("lookahead:K=2", "expected lookahead:"), ("medusa", "needs a Medusa head"), ("pld:0", "K >= 1"), ("sps:x", "K >= 1"),
                          ("eagle:chain:0", "chain needs"), ("eagle", "needs an EAGLE head"),
                          ("sps", "needs a draft model"), ("vanilla:2", "unknown method"),
                          ("pld:", "drop the colon")]:

@@ -84,7 +84,7 @@ def fetch(name: str) -> None:
 @click.option("--dtype", type=click.Choice(["bfloat16", "float32"]), default="bfloat16", show_default=True)
 @weights_option
 @click.option("--method", default=None,
-              help="vanilla | eagle[:TREE] | sps[:K] (with --draft-model) | pld[:K] | hybrid[:SOURCES] | medusa[:N]; "
+              help="vanilla | eagle[:TREE] | sps[:K] (with --draft-model) | pld[:K] | hybrid[:SOURCES] | medusa[:N] | lookahead; "
                    "--tree sets eagle's tree. Default: eagle where a head is loaded, else vanilla.")
 @click.option("--head", "head_spec", default="default", show_default=True,
               help="EAGLE head: a folder from `eaglespec train`, or 'default' for the one we ship for the model "
@@ -414,7 +414,7 @@ def eval_head(model_spec, head_spec, limit, data, answer_tokens, depth, dtype, t
               help="mt-bench | humaneval | sharegpt (held-out split) | a .jsonl/.json file of prompts.")
 @click.option("--limit", default=10, show_default=True, help="Items to run (0: all).")
 @click.option("--methods", default="vanilla,eagle,pld", show_default=True,
-              help="Comma-separated: vanilla | eagle[:TREE] | sps[:K] | pld[:K] | hybrid[:SOURCES] | medusa[:N] | "
+              help="Comma-separated: vanilla | eagle[:TREE] | sps[:K] | pld[:K] | hybrid[:SOURCES] | medusa[:N] | lookahead | "
                    "hf | hf-assisted | hf-pld | "
                    "llama.cpp | llama.cpp-ngram | llama.cpp-draft (built by scripts/setup_llamacpp.sh).")
 @click.option("--temperature", default=0.0, show_default=True, type=float, help="0 is greedy decoding.")

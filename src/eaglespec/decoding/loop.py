@@ -83,7 +83,9 @@ class Proposer(Protocol):
     """Drafts a tree under each round's root. Gets the prompt and its features once (None for a
     one-token prompt), then after each round the accepted tokens and the target's features at
     the positions before them: its final features, or with `reads` the hidden states entering
-    those target layers, concatenated (an EAGLE-3 head)."""
+    those target layers, concatenated (an EAGLE-3 head). A proposer whose trees carry extra rows
+    (`DraftTree.extra`) also has `observe(logits)`, which gets their logits [E, V] after the
+    forward, before `accept`."""
 
     shape: TreeShape
     reads: tuple[int, ...]
@@ -139,7 +141,9 @@ def decode(model: Decoder, prompt_ids: list[int], params: SamplingParams, max_ne
             stats.draft_s += clock.lap()
         tokens, mask, positions = tree.verify_inputs(root, cache.length, device)
         logits, features = model(tokens, cache, positions, mask, capture=reads)
-        path, bonus = verify(tree, logits[0], params, draws)
+        if tree.extra is not None:
+            drafter.observe(logits[0, 1 + len(tree):])
+        path, bonus = verify(tree, logits[0, :1 + len(tree)], params, draws)
         stats.target_forwards += 1
         stats.count_round(tree, path)
         kept = [0, *(i + 1 for i in path)]

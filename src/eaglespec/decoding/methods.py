@@ -15,6 +15,9 @@ Each method registers its name (`@register`), parses the text after "name:" in i
     hybrid[:SOURCES]  one tree from EAGLE, lookup in this generation's text and a suffix cache of
                    earlier generations (`decoding.hybrid`); SOURCES joins some of them with "+",
                    "suffix=N" bounding the cache to N tokens (default all, 200000 tokens)
+    lookahead[:W=5,N=4,G=5]  Lookahead decoding (`decoding.lookahead`): Jacobi iteration in a window of W
+                   columns and N - 1 levels, run in the verification forward, and a pool of the
+                   n-grams it produces (G per first token), verified as a trie under the root
     medusa[:N]     Medusa-1's tree of top-k candidates from a Medusa head (`decoding.medusa`), as many
                    nodes as pay on this machine, or with N always the N best
 
@@ -31,6 +34,7 @@ from weakref import WeakKeyDictionary
 from eaglespec.decoding.draft_model import DraftModelProposer, check_draft_model
 from eaglespec.decoding.eagle import EagleProposer
 from eaglespec.decoding.hybrid import SOURCES, Calibration, HybridProposer
+from eaglespec.decoding.lookahead import LookaheadProposer
 from eaglespec.decoding.medusa import MedusaProposer
 from eaglespec.decoding.ngram_index import NgramIndex
 from eaglespec.decoding.prompt_lookup import PromptLookupProposer
@@ -249,7 +253,35 @@ class Medusa:
         return lambda draws, capacity: MedusaProposer(self.head, self.nodes, calibration, costs)
 
 
-Method = Eagle | DraftModel | PromptLookup | Hybrid | Medusa
+@register
+@dataclass(frozen=True)
+class Lookahead:
+    window: int = 5  # W
+    ngram: int = 4  # N
+    pool: int = 5  # G
+    name: ClassVar[str] = "lookahead"
+    syntax: ClassVar[str] = "lookahead[:W=5,N=4,G=5]"
+    needs: ClassVar[str] = ""
+
+    def __post_init__(self):
+        LookaheadProposer(self.window, self.ngram, self.pool)  # checks the numbers
+
+    @staticmethod
+    def options(arg: str) -> dict:
+        names = {"W": "window", "N": "ngram", "G": "pool"}
+        options = {}
+        for part in filter(None, arg.split(",")):
+            key, eq, value = part.partition("=")
+            if key not in names or names[key] in options or not eq or not value.isdigit():
+                raise InvalidArgumentError(f"method 'lookahead:{arg}': expected lookahead:W=5,N=4,G=5 (any of them)")
+            options[names[key]] = int(value)
+        return options
+
+    def bind(self, target, params: SamplingParams):
+        return lambda draws, capacity: LookaheadProposer(self.window, self.ngram, self.pool)
+
+
+Method = Eagle | DraftModel | PromptLookup | Hybrid | Medusa | Lookahead
 METHOD_HELP = " | ".join(["vanilla", *(cls.syntax for cls in METHODS.values())])
 
 

@@ -26,6 +26,18 @@ EAGLE1_PATHS = (
 
 
 @dataclass
+class ExtraRows:
+    """Rows a proposer runs in the verification forward beside its tree (Lookahead's window), not
+    verified: their tokens, their positions as offsets from the root's, and for each row the
+    earlier extra rows it attends to besides the cache, the root and itself. The loop hands their
+    logits to the proposer (`observe`); none of their KV entries stays in the cache."""
+
+    tokens: list[int]
+    offsets: list[int]
+    attends: list[list[int]]
+
+
+@dataclass
 class DraftTree:
     tokens: list[int] = field(default_factory=list)  # target ids of the draft nodes
     parents: list[int] = field(default_factory=list)  # -1 for the root, else an earlier node
@@ -35,6 +47,7 @@ class DraftTree:
     draft_probs: dict[int, Tensor] | None = None
     vocab: Tensor | None = None  # target ids of the entries of draft_probs (None: the target's own)
     sources: list[str] | None = None  # each node's source, where a tree has several (hybrid)
+    extra: ExtraRows | None = None  # rows run beside the tree, after its nodes
 
     def __len__(self) -> int:
         return len(self.tokens)
@@ -65,30 +78,43 @@ class DraftTree:
         return out
 
     def verify_inputs(self, root: int, start: int, device: torch.device | str) -> tuple[Tensor, Tensor | None, Tensor]:
-        """Tokens [1, 1 + N], tree mask [1 + N, start + 1 + N] (None for a lone root) and positions
-        [1, 1 + N] for one target forward over the root and the tree, `start` tokens in the cache."""
+        """Tokens [1, 1 + N (+ E)], tree mask [1 + N (+ E), start + 1 + N (+ E)] (None for a lone
+        root) and positions for one target forward over the root, the tree and its extra rows,
+        `start` tokens in the cache."""
         n = len(self)
-        tokens = torch.tensor([[root, *self.tokens]], device=device)
-        positions = torch.tensor([[0, *self.depths()]], device=device) + start
-        if n == 0:
+        extra = self.extra or ExtraRows([], [], [])
+        e = len(extra.tokens)
+        tokens = torch.tensor([[root, *self.tokens, *extra.tokens]], device=device)
+        positions = torch.tensor([[0, *self.depths(), *extra.offsets]], device=device) + start
+        if n + e == 0:
             return tokens, None, positions
-        mask = torch.zeros(n + 1, start + n + 1, dtype=torch.bool)
+        mask = torch.zeros(n + e + 1, start + n + e + 1, dtype=torch.bool)
         mask[:, : start + 1] = True  # the cache and the root
         for i, parent in enumerate(self.parents):
             if parent >= 0:
                 mask[i + 1] = mask[parent + 1]
             mask[i + 1, start + i + 1] = True
+        for r, attended in enumerate(extra.attends):
+            mask[n + 1 + r, [start + n + 1 + a for a in (*attended, r)]] = True
         return tokens, mask.to(device), positions
 
     def prune(self, max_nodes: int, max_depth: int) -> DraftTree:
         """The nodes no deeper than `max_depth`, then the first `max_nodes` of them (a tree again:
-        parents come first). Used where the context or `max_new_tokens` leaves less room."""
+        parents come first); the extra rows only if they all fit too. Used where the context or
+        `max_new_tokens` leaves less room."""
         depths = self.depths()
         keep = [i for i in range(len(self)) if depths[i] <= max_depth][: max(max_nodes, 0)]
-        return self if len(keep) == len(self) else self.subset(keep)
+        extra = self.extra
+        if extra and (len(keep) + len(extra.tokens) > max_nodes or max(extra.offsets, default=0) > max_depth):
+            extra = None
+        if len(keep) == len(self) and extra is self.extra:
+            return self
+        tree = self.subset(keep)
+        tree.extra = extra
+        return tree
 
     def subset(self, keep: list[int]) -> DraftTree:
-        """The tree of the nodes `keep` (ascending, each with its parent)."""
+        """The tree of the nodes `keep` (ascending, each with its parent), without extra rows."""
         new = {old: j for j, old in enumerate(keep)} | {-1: -1}
         probs = None if self.draft_probs is None else {
             new[n]: q for n, q in self.draft_probs.items() if n in new}
