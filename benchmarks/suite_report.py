@@ -27,7 +27,7 @@ def cell(result: dict, family: str) -> str:
     return f"{s['speedup']:.2f}x{name}{tau}{vs}"
 
 
-OURS = ("vanilla", "eagle", "sps", "pld", "hybrid")
+OURS = ("vanilla", "eagle", "sps", "pld", "hybrid", "medusa", "lookahead")
 LLAMA_CPP = ("llama.cpp", "llama.cpp-ngram", "llama.cpp-draft")
 
 
@@ -47,7 +47,7 @@ def main() -> None:
     results = [json.loads(p.read_text()) for p in sorted(results_dir.glob("*.json"))]
     if not results:
         raise SystemExit(f"no results in {results_dir}: run benchmarks/suite.sh first")
-    families = [f for f in ("eagle", "sps", "pld", "hybrid", "hf", "hf-assisted", "hf-pld", "llama.cpp", "llama.cpp-ngram",
+    families = [f for f in ("eagle", "sps", "pld", "hybrid", "medusa", "lookahead", "hf", "hf-assisted", "hf-pld", "llama.cpp", "llama.cpp-ngram",
                             "llama.cpp-draft")
                 if any(f in r["best"] for r in results)]
     lines = ["| model | dataset | T | items (turns) | weights | vanilla tok/s | " + " | ".join(families)
