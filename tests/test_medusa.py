@@ -52,6 +52,14 @@ def test_checkpoint_has_medusa_keys_round_trips_and_refuses_own_lm_heads(smollm2
         load_head(str(folder), smollm2)
 
 
+def test_a_medusa_head_for_another_target_is_refused(random_medusa, tiny_target_folder, tmp_path):
+    from eaglespec.models.load import load_target
+
+    save_head(random_medusa, tmp_path / "medusa", "smollm2-135m-instruct")
+    with pytest.raises(HeadMismatchError, match="use a head trained for this target"):
+        load_head(str(tmp_path / "medusa"), load_target(str(tiny_target_folder), "float32"))
+
+
 def test_a_head_of_the_wrong_kind_is_refused(shipped, random_medusa):
     assert method_needs("medusa") == method_needs("medusa:8") == "medusa"
     assert parse_method("medusa:8", medusa=random_medusa) == Medusa(random_medusa, 8)

@@ -240,7 +240,7 @@ def test_a_medusa_head_trains_on_the_stored_features_and_saves(cfg, tiny, extrac
                     p = torch.softmax(tiny.model.lm_head(f[at]), -1)[head.draft_vocab]
                     log_q = torch.log_softmax(fresh.logits(fresh.heads[k](f[j])), -1)
                     expected += 0.8 ** k * float(-(p * log_q).sum())
-    assert scored == int(mask[1:].sum()) and float(loss) == pytest.approx(expected, rel=1e-4)
+    assert scored == int(mask[1:].sum()) and float(loss.detach()) == pytest.approx(expected, rel=1e-4)
     for bad, message in [(dict(unroll=3), "EAGLE options"), (dict(init="target-last-layer"), "EAGLE options"),
                          (dict(aux_layers=(0, 1, 2)), "EAGLE-3 option"),
                          (dict(init=cfg("medusa").out + "/head", medusa_heads=4), "--medusa-heads 3")]:
