@@ -11,7 +11,7 @@ import torch
 from safetensors.torch import load_file, save_file
 
 from eaglespec.decoding.hybrid import Calibration
-from eaglespec.decoding.medusa import TOPK, MedusaProposer
+from eaglespec.decoding.medusa import PROBE, TOPK, MedusaProposer
 from eaglespec.decoding.methods import Medusa, method_needs, parse_method
 from eaglespec.errors import InvalidArgumentError
 from eaglespec.heads.checkpoint import HeadMismatchError, load_head, save_head
@@ -98,6 +98,17 @@ def test_candidates_are_the_best_paths_by_probability_product_and_every_prefix_i
     proposer.accept([tree.tokens[0], 7], torch.randn(1, 2, c.hidden_size))  # one draft token accepted
     memory, (a, p) = Calibration.MEMORY, Calibration.PRIOR
     assert proposer.calibration.factor(("medusa",)) == pytest.approx((memory * a + 1) / (memory * p + predicted))
+    # where nothing pays, the heads rest: PROBE - 1 plain rounds, then the best node verified to measure again
+    steep = MedusaProposer(random_medusa, None, Calibration(), [float(n) for n in range(40)])
+    steep.start([1, 2, 3], torch.randn(1, 2, c.hidden_size))
+    calls = []
+    real = steep.candidates
+    steep.candidates = lambda depth: calls.append(depth) or real(depth)
+    sizes = []
+    for _ in range(2 * PROBE + 1):
+        sizes.append(len(steep.propose(3)))
+        steep.accept([5], torch.randn(1, 1, c.hidden_size))
+    assert sizes == [0] * PROBE + [1] + [0] * (PROBE - 1) + [1] and len(calls) == 3
     fixed = MedusaProposer(random_medusa, 5, Calibration(), None)
     fixed.start([1], None)
     assert len(fixed.propose(3)) == 0  # no feature yet: a plain round

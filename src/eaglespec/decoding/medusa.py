@@ -8,8 +8,9 @@ a calibration (accepted over predicted draft tokens, kept as the proposer runs, 
 its copying sources'). Paths are enumerated best first (a node's estimate never exceeds its
 parent's, and a node comes after its parent), so every prefix of the order is a tree. `medusa`
 verifies the n best that maximize expected tokens per second on the machine's measured
-verification costs (`best_prefix`, as `auto` sizes EAGLE's trees; none where nothing pays),
-`medusa:N` the N best.
+verification costs (`best_prefix`, as `auto` sizes EAGLE's trees; none where nothing pays: then
+the next PROBE - 1 rounds decode plainly without running the heads, and the one after verifies at
+least the best node, to measure again), `medusa:N` the N best.
 
 Every node is chosen, not sampled: the verifier treats them as point-mass proposals, so greedy
 output is vanilla's and sampled output follows the target's distribution exactly.
@@ -29,6 +30,7 @@ from eaglespec.timing import Clock
 
 TOPK = 8  # candidate tokens per head
 MAX_NODES = 32  # nodes of an auto-sized tree
+PROBE = 8  # after a round where no node paid, rounds until the next one that runs the heads
 
 
 class MedusaProposer:
@@ -43,6 +45,7 @@ class MedusaProposer:
         self.feature: Tensor | None = None  # the target's feature before the root
         self.estimates: list[float] = []  # the last tree's raw estimates
         self.sizes: list[int] = []
+        self.plain = 0  # rounds since the last one whose sizing verified a node (auto)
 
     def start(self, prompt_ids: list[int], features: Tensor | None) -> None:
         self.feature = None if features is None else features[0, -1]
@@ -70,8 +73,12 @@ class MedusaProposer:
         return paths, scores, head.to_target(top.indices)
 
     def propose(self, max_depth: int) -> DraftTree:
+        self.estimates = []
         if self.feature is None or max_depth < 1:
-            self.estimates = []
+            return DraftTree()
+        if self.nodes is None and self.plain % PROBE:  # nothing paid lately: a plain round, heads not run
+            self.plain += 1
+            self.sizes.append(0)
             return DraftTree()
         started = self.clock.now()
         paths, scores, tokens = self.candidates(max_depth)
@@ -79,6 +86,8 @@ class MedusaProposer:
         if self.nodes is None:
             n, _ = best_prefix([min(1.0, scale * s) for s in scores], self.costs, self.clock.now() - started,
                                plain=True)
+            self.plain = 0 if n else self.plain + 1
+            n = n or int(self.plain > 1)  # a probe after PROBE plain rounds: the best node
         else:
             n = min(self.nodes, len(paths))
         paths, self.estimates = paths[:n], scores[:n]
