@@ -40,13 +40,14 @@ class LookaheadProposer:
         self.pool: dict[int, list[tuple[int, ...]]] = {}  # first token -> up to G continuations, latest last
         self.guesses: list[int] | None = None  # the last forward's new guess per column
         self.root = 0
-        self.rows = self._rows()
+        self.offsets, self.attends = self._rows()
         self.drafted: list[int] = []
 
-    def _rows(self) -> ExtraRows:
-        """The window's rows, level by level (level 0 without column 0, which is the root)."""
+    def _rows(self) -> tuple[list[int], list[list[int]]]:
+        """The window's rows, level by level (level 0 without column 0, which is the root): their
+        position offsets and the earlier rows each attends to."""
         index = {}
-        tokens, offsets, attends = [], [], []
+        offsets, attends = [], []
         for level in range(self.N - 1):
             for column in range(1 if level == 0 else 0, self.W):
                 index[level, column] = len(offsets)
@@ -54,7 +55,7 @@ class LookaheadProposer:
                 before = [(0, c) for c in range(1, column + 1 if level else column)] + \
                     [(j, column) for j in range(1, level)]
                 attends.append([index[cell] for cell in before])
-        return ExtraRows(tokens, offsets, attends)
+        return offsets, attends
 
     def start(self, prompt_ids: list[int], features: Tensor | None) -> None:
         pick = random.Random(0)
@@ -73,9 +74,8 @@ class LookaheadProposer:
                     tokens.append(path[-1])
                     parents.append(index[path[:-1]] if d > 1 else -1)
         self.drafted.append(len(tokens))
-        rows = self.rows
         window = [self.window[0][1:], *self.window[1:]]
-        extra = ExtraRows([t for level in window for t in level], rows.offsets, rows.attends)
+        extra = ExtraRows([t for level in window for t in level], self.offsets, self.attends)
         return DraftTree(tokens, parents, extra=extra)
 
     def observe(self, logits: Tensor) -> None:
@@ -106,4 +106,4 @@ class LookaheadProposer:
     def describe(self) -> str:
         mean = sum(self.drafted) / len(self.drafted) if self.drafted else 0.0
         return (f"lookahead:W={self.W},N={self.N},G={self.G} (mean {mean:.1f} draft tokens and "
-                f"{len(self.rows.offsets)} window rows per round)")
+                f"{len(self.offsets)} window rows per round)")
