@@ -20,20 +20,23 @@ ONLY=${1:-}
 WEIGHTS=${WEIGHTS:-dense}
 OUT=${OUT:-benchmarks/results/bench$([[ $WEIGHTS == dense ]] || echo "-$WEIGHTS")}
 mkdir -p "$OUT"
-SMALL="vanilla,eagle,eagle:chain:4,eagle:eagle1,eagle:dynamic,pld,pld:10,hf,hf-pld,llama.cpp,llama.cpp-ngram"
-FLAGSHIP="vanilla,eagle,eagle:chain:4,sps:2,sps:3,sps:4,sps:5,sps:6,sps:7,sps:8,pld,pld:10,hf,hf-assisted,hf-pld,llama.cpp,llama.cpp-ngram,llama.cpp-draft"
+SMALL="vanilla,eagle,eagle:chain:4,eagle:eagle1,eagle:dynamic,pld,pld:10,hybrid,medusa,lookahead,hf,hf-pld,llama.cpp,llama.cpp-ngram"
+FLAGSHIP="vanilla,eagle,eagle:chain:4,sps:2,sps:3,sps:4,sps:5,sps:6,sps:7,sps:8,pld,pld:10,hybrid,lookahead,hf,hf-assisted,hf-pld,llama.cpp,llama.cpp-ngram,llama.cpp-draft"
 if [[ ! -f heads/qwen2.5-coder-1.5b-instruct/config.json ]]; then  # not committed (103 MB), hours to build on a CPU
     FLAGSHIP=${FLAGSHIP/eagle,eagle:chain:4,/}
+    FLAGSHIP=${FLAGSHIP/hybrid/hybrid:lookup+suffix}
     echo "note: no heads/qwen2.5-coder-1.5b-instruct (bash benchmarks/train_head.sh qwen2.5-coder-1.5b-instruct" \
          "builds it): the 1.5B rows run without eagle" >&2
 fi
 
 run() {  # MODEL DATASET TEMPERATURE LIMIT METHODS
-    local name="$1-$2-t$3"
+    local name="$1-$2-t$3" methods=$5
     [[ -z "$ONLY" || "$name" == *"$ONLY"* ]] || return 0
     [[ -f "$OUT/$name.json" ]] && { echo "have $OUT/$name.json"; return 0; }
-    .venv/bin/eaglespec bench --model "$1" --head default --dataset "$2" --temperature "$3" --limit "$4" \
-        --methods "$5" --weights "$WEIGHTS" --max-new-tokens 128 --threads 2 --out "$OUT/$name.json"
+    # Medusa where its heads are built (benchmarks/train_medusa.sh MODEL)
+    [[ -f heads/medusa/$1/config.json ]] || methods=${methods/,medusa/}
+    .venv/bin/eaglespec bench --model "$1" --head default --medusa-head default --dataset "$2" --temperature "$3" \
+        --limit "$4" --methods "$methods" --weights "$WEIGHTS" --max-new-tokens 128 --threads 2 --out "$OUT/$name.json"
 }
 
 for T in 0 1; do
