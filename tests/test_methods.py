@@ -1,8 +1,8 @@
 """The equivalence tests every drafting method in the loop passes, on the bundled SmolLM2 (fp32):
 greedy output equals vanilla token for token (also at max_new_tokens, stop strings, the context
 limit and a one-token prompt), and sampling follows the target's distribution (a goodness-of-fit
-test against exact probabilities). Methods: EAGLE (every tree; the shipped head and a random
-head, which exercises rejections), EAGLE-3 heads (a random one, and an "early exit" one that
+test against exact probabilities). Methods: EAGLE (every tree; the shipped head, a random
+head, which exercises rejections, and the shipped head exported to vLLM's layout and imported back), EAGLE-3 heads (a random one, and an "early exit" one that
 drafts from the target's own hidden state one layer before the end, which the target often
 accepts), classic speculative sampling with a weak draft model, prompt lookup, `hybrid` (EAGLE,
 lookup and a suffix cache in one tree; with the shipped head, a random one, and without EAGLE), and
@@ -27,7 +27,8 @@ PROMPTS = [
     "Repeat this sentence three times: 'The quick brown fox jumps over the lazy dog.'",
 ]
 TREES = ["eagle1", "chain:4", "dynamic:topk=3,depth=4,tokens=10", "auto"]
-METHODS = [*(f"eagle:{t}" for t in TREES), "eagle-random:eagle1", "eagle-random:auto", "eagle3-random:eagle1",
+METHODS = [*(f"eagle:{t}" for t in TREES), "eagle-random:eagle1", "eagle-random:auto", "eagle-imported:chain:4",
+           "eagle3-random:eagle1",
            "eagle3-exit:eagle1", "eagle3-exit:auto", "sps:3", "pld:6", "pld", "hybrid", "hybrid-random",
            "hybrid:lookup+suffix", "medusa-random", "medusa-random:6", "lookahead", "lookahead:W=3,N=3,G=2"]
 
@@ -92,9 +93,22 @@ def eagle3_heads(smollm2):
 
 
 @pytest.fixture(scope="module")
-def make(shipped, random_head, eagle3_heads, smollm2_draft, random_medusa):
+def imported_head(smollm2, tmp_path_factory):
+    """The shipped head as vLLM loads it (fc's bias folded into attention biases), imported back."""
+    from eaglespec.heads.checkpoint import load_head
+    from eaglespec.heads.export import export_head
+
+    out = tmp_path_factory.mktemp("export") / "vllm"
+    export_head("default", smollm2, "vllm", out)
+    return load_head(str(out), smollm2)
+
+
+@pytest.fixture(scope="module")
+def make(shipped, random_head, imported_head, eagle3_heads, smollm2_draft, random_medusa):
     def make(spec: str):
         name, _, tree = spec.partition(":")
+        if name == "eagle-imported":
+            return Eagle(imported_head, tree)
         if name == "medusa-random":
             return parse_method(spec.replace("-random", ""), medusa=random_medusa)
         if name == "eagle-random":

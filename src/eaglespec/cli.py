@@ -404,6 +404,28 @@ def eval_head(model_spec, head_spec, limit, data, answer_tokens, depth, dtype, t
 
 
 @main.command()
+@click.option("--model", "model_spec", default=DEFAULT_MODEL, show_default=True,
+              help="The head's target: bundled model name, Hugging Face folder, or .gguf file.")
+@click.option("--head", "head_spec", default="default", show_default=True,
+              help="Head folder (ours, or an engine's layout) or 'default' for the one we ship for the model.")
+@click.option("--format", "fmt", required=True,
+              help="official (SafeAILab's EAGLE-1/2 release) | vllm | sglang | speculators (EAGLE-3 heads).")
+@click.option("--out", required=True, help="Folder to write (refused if it exists and is not empty).")
+@click.option("--force", is_flag=True, help="Replace --out if it exists.")
+def export(model_spec: str, head_spec: str, fmt: str, out: str, force: bool) -> None:
+    """Write a head in the layout a serving engine loads (vLLM, SGLang, the official EAGLE runtime)."""
+    from pathlib import Path
+
+    from eaglespec.heads.export import check_format, check_out, export_head
+    from eaglespec.models.load import load_target
+
+    check_format(fmt)  # bad input fails before the model loads
+    check_out(Path(out), force)
+    for line in export_head(head_spec, load_target(model_spec, "float32"), fmt, Path(out), force):
+        click.echo(line)
+
+
+@main.command()
 @click.option("--model", "model_spec", default=DEFAULT_MODEL, show_default=True)
 @click.option("--head", "head_spec", default="default", show_default=True,
               help="EAGLE head for the eagle methods: a folder or 'default'.")

@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
+from collections.abc import Callable
 from pathlib import Path
 
 from eaglespec.errors import InvalidArgumentError
@@ -28,6 +30,25 @@ def write_json(data: dict, path: Path) -> None:
     tmp = path.with_name(f"{path.name}.tmp{os.getpid()}")
     tmp.write_text(json_text(data) + "\n")
     os.replace(tmp, path)
+
+
+def write_folder(folder: Path, fill: Callable[[Path], None]) -> None:
+    """Make a folder whole or not at all: `fill` writes into a temporary sibling, which then takes
+    the folder's place (an older folder of that name is replaced)."""
+    folder = Path(folder)
+    tmp = folder.parent / f".{folder.name}.tmp{os.getpid()}"
+    shutil.rmtree(tmp, ignore_errors=True)
+    tmp.mkdir(parents=True)
+    try:
+        fill(tmp)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    old = folder.parent / f".{folder.name}.old{os.getpid()}"
+    if folder.exists():
+        os.rename(folder, old)
+    os.rename(tmp, folder)
+    shutil.rmtree(old, ignore_errors=True)
 
 
 def save_figure(fig, path: Path) -> None:

@@ -17,18 +17,20 @@ engines load.
 from __future__ import annotations
 
 import json
-import os
-import shutil
+import re
 from pathlib import Path
 
 import torch
 from safetensors.torch import load_file, save_file
 
 from eaglespec.errors import EaglespecError, InvalidArgumentError
+from eaglespec.files import write_folder
 from eaglespec.heads.head import DraftHead, Eagle3Head, EagleHead, MedusaHead, check_aux_layers
-from eaglespec.models.load import Target, from_hf_state_dict, to_hf_state_dict
+from eaglespec.models.load import Target, from_hf_state_dict, to_hf_state_dict, unknown_names
 
 SHIPPED = Path(__file__).resolve().parents[3] / "heads"  # heads/ at the repository root
+WEIGHT_FILES = ("model.safetensors", "pytorch_model.bin")  # ours and the engines'; the official EAGLE release's
+TOKEN_MAP = "token_map.pt"  # SGLang's --speculative-token-map: an EAGLE-1 head's draft vocabulary (target ids)
 KINDS = {"eagle1": "an EAGLE-1/2", "eagle3": "an EAGLE-3", "medusa": "a Medusa"}
 ARCHITECTURES = {"eagle1": "LlamaForCausalLM", "eagle3": "LlamaForCausalLMEagle3", "medusa": "MedusaModel"}
 
@@ -37,8 +39,8 @@ class HeadMismatchError(EaglespecError):
     pass
 
 
-def save_head(head: DraftHead, folder: Path, target_name: str, info: dict | None = None) -> None:
-    """Write the head in bf16, atomically (a temporary folder renamed into place)."""
+def head_layout(head: DraftHead, target_name: str, info: dict | None = None) -> tuple[dict, dict[str, torch.Tensor]]:
+    """The head's config.json and tensors (bf16) in the layout `save_head` writes (see the module's doc)."""
     c = head.config
     config = {
         "architectures": [ARCHITECTURES[head.head_type]], "model_type": c.family, "hidden_size": c.hidden_size,
@@ -64,17 +66,18 @@ def save_head(head: DraftHead, folder: Path, target_name: str, info: dict | None
             tensors["draft_vocab"] = head.draft_vocab.cpu().to(torch.int64)
     config["eaglespec"] = {"target": target_name, "head_type": head.head_type, "input_variant": head.input_variant,
                            "draft_vocab_size": head.vocab_size, **(info or {})}
-    folder = Path(folder)
-    tmp = folder.parent / f".{folder.name}.tmp{os.getpid()}"
-    shutil.rmtree(tmp, ignore_errors=True)
-    tmp.mkdir(parents=True)
-    (tmp / "config.json").write_text(json.dumps(config, indent=2) + "\n")
-    save_file(tensors, str(tmp / "model.safetensors"), metadata={"format": "pt"})
-    old = folder.parent / f".{folder.name}.old{os.getpid()}"
-    if folder.exists():
-        os.rename(folder, old)
-    os.rename(tmp, folder)
-    shutil.rmtree(old, ignore_errors=True)
+    return config, tensors
+
+
+def save_head(head: DraftHead, folder: Path, target_name: str, info: dict | None = None) -> None:
+    """Write the head in bf16, atomically (a temporary folder renamed into place)."""
+    config, tensors = head_layout(head, target_name, info)
+
+    def fill(tmp: Path) -> None:
+        (tmp / "config.json").write_text(json.dumps(config, indent=2) + "\n")
+        save_file(tensors, str(tmp / "model.safetensors"), metadata={"format": "pt"})
+
+    write_folder(folder, fill)
 
 
 def _shipped_root(kind: str) -> Path:
@@ -107,13 +110,14 @@ def resolve_head(spec: str, target_name: str, kind: str = "eagle") -> Path:
             )
         return folder
     folder = Path(spec)
-    if not (folder / "config.json").is_file() or not (folder / "model.safetensors").is_file():
-        raise InvalidArgumentError(f"no head at '{spec}': give a folder with config.json and model.safetensors, or 'default'")
+    if not (folder / "config.json").is_file() or not any((folder / f).is_file() for f in WEIGHT_FILES):
+        raise InvalidArgumentError(f"no head at '{spec}': give a folder with config.json and model.safetensors "
+                                   "(or an official EAGLE release's pytorch_model.bin), or 'default'")
     return folder
 
 
 def head_type_of(config: dict) -> str:
-    """eagle1, eagle3 or medusa, from a head's config.json."""
+    """eagle1, eagle3 or medusa, from a head's config.json (after `read_head`)."""
     if "medusa_num_heads" in config:
         return "medusa"
     return "eagle3" if "LlamaForCausalLMEagle3" in config.get("architectures", []) else "eagle1"
@@ -131,23 +135,70 @@ def _draft_vocab_of_eagle3(tensors: dict, folder: Path, vocab_size: int) -> torc
     return draft_vocab
 
 
+def _unfold_fc_bias(tensors: dict[str, torch.Tensor]) -> None:
+    """vLLM's EAGLE-1 layer has no fc bias; `export --format vllm` folds it into layer 0's attention
+    biases (q/k/v get W b, o gets b: the same function, see export.py) and gives the other layers
+    zero ones. Undo that: fc.bias = o's bias, layer 0's q/k/v biases less W b; biases that come out
+    zero (a family without them) are dropped."""
+    b = tensors.pop("layers.0.self_attn.o_proj.bias").float()
+    tensors["fc.bias"] = b.to(tensors["fc.weight"].dtype)
+    for key in [k for k in tensors if re.fullmatch(r"layers\.\d+\.self_attn\.[qkv]_proj\.bias", k)]:
+        weight = tensors[key.replace(".bias", ".weight")]
+        bias = tensors[key].float() - (weight.float() @ b if key.startswith("layers.0.") else 0)
+        tensors[key] = bias.to(weight.dtype)
+        if not bool(tensors[key].any()):
+            tensors.pop(key)
+
+
+def read_head(folder: Path) -> tuple[dict, dict[str, torch.Tensor]]:
+    """A head folder's config and tensors in our layout, from ours or the engines' (official EAGLE-1
+    with pytorch_model.bin and embed_tokens, vLLM's folded EAGLE-1, SGLang's with its token map,
+    EAGLE-3 with eagle_config, the speculators config)."""
+    config = json.loads((folder / "config.json").read_text())
+    if "speculators_model_type" in config:
+        if config["speculators_model_type"] != "eagle3":
+            raise HeadMismatchError(f"the speculators head at {folder} is '{config['speculators_model_type']}': "
+                                    "eaglespec reads EAGLE-3 ones")
+        config = {**config.get("transformer_layer_config", {}), "architectures": [ARCHITECTURES["eagle3"]],
+                  **{k: config[k] for k in ("draft_vocab_size", "eagle_aux_hidden_state_layer_ids") if k in config}}
+    aux = (config.get("eagle_config") or {}).get("eagle_aux_hidden_state_layer_ids")
+    if aux and not config.get("eagle_aux_hidden_state_layer_ids"):
+        config["eagle_aux_hidden_state_layer_ids"] = aux
+    if (folder / "model.safetensors").is_file():
+        tensors = load_file(str(folder / "model.safetensors"))
+    else:
+        tensors = torch.load(folder / "pytorch_model.bin", map_location="cpu", weights_only=True)
+    tensors.pop("embed_tokens.weight", None)  # official EAGLE-1 files carry a copy of the target's embedding
+    kind = head_type_of(config)
+    if kind == "eagle1" and "fc.bias" not in tensors:
+        if "layers.0.self_attn.o_proj.bias" in tensors:
+            _unfold_fc_bias(tensors)
+        elif "fc.weight" in tensors:  # a head trained without the bias
+            tensors["fc.bias"] = torch.zeros(len(tensors["fc.weight"]), dtype=tensors["fc.weight"].dtype)
+    for key in [k for k in tensors if k.endswith("self_attn.o_proj.bias")]:
+        if not bool(tensors[key].any()):  # zeros that an engine's config needed, no function
+            tensors.pop(key)
+    if kind == "eagle1" and "draft_vocab" not in tensors and (folder / TOKEN_MAP).is_file():
+        tensors["draft_vocab"] = torch.load(folder / TOKEN_MAP, map_location="cpu", weights_only=True)
+    return config, tensors
+
+
 def load_head(spec: str, target: Target, kind: str = "eagle") -> DraftHead:
     """Load a head for `target` for inference (frozen; packed weights where exact, int8 ones beside
     a quantized target), refusing one trained for another model. `kind` says where "default" looks."""
     folder = resolve_head(spec, target.name, kind)
-    config = json.loads((folder / "config.json").read_text())
+    config, tensors = read_head(folder)
     c = target.model.config
     mine = (config.get("model_type"), config.get("hidden_size"), config.get("vocab_size"))
     theirs = (c.family, c.hidden_size, c.vocab_size)
-    if mine != theirs:
+    ours = config.get("eaglespec", {})
+    same_family = mine[0] == theirs[0] or not ours or "export" in ours  # an engine's file names its layer's layout
+    if not same_family or mine[1:] != theirs[1:]:
         raise HeadMismatchError(
             f"the head at {folder} fits a {mine[0]} model with hidden size {mine[1]} and vocabulary {mine[2]}, "
             f"but {target.name} is {theirs[0]} with {theirs[1]} and {theirs[2]}: use a head trained for this target"
         )
-    extra = config.get("eaglespec", {})
     dtype = target.model.weight_like.dtype
-    tensors = load_file(str(folder / "model.safetensors"))
-    tensors.pop("embed_tokens.weight", None)  # official EAGLE-1 files carry a copy of the target's embedding
     kind = head_type_of(config)
     if kind == "eagle3":
         aux = tuple(config.get("eagle_aux_hidden_state_layer_ids") or ())
@@ -167,17 +218,19 @@ def load_head(spec: str, target: Target, kind: str = "eagle") -> DraftHead:
         draft_vocab = tensors.pop("draft_vocab", None)
         tensors = {f"heads.{k.replace('.0.linear.', '.linear.')}": v.to(dtype) for k, v in tensors.items()}
     else:
-        head = EagleHead(c, config.get("num_hidden_layers", 1), extra.get("input_variant", "feature+shifted-token"))
+        head = EagleHead(c, config.get("num_hidden_layers", 1), ours.get("input_variant", "feature+shifted-token"))
         draft_vocab = tensors.pop("draft_vocab", None)
     try:
         mapped = tensors if kind == "medusa" else from_hf_state_dict(tensors, dtype)
         missing, unexpected = head.load_state_dict(mapped, strict=False)
-    except RuntimeError:  # a tensor of another shape
-        missing, unexpected = ["(shapes differ)"], []
+    except RuntimeError as err:  # a tensor of another shape
+        missing, unexpected = [str(err).splitlines()[-1].strip()], []
+    if kind != "medusa":
+        unexpected = unknown_names(tensors) + list(unexpected)
     if missing or unexpected:
         raise HeadMismatchError(
-            f"the head at {folder} does not have the expected weights (missing {missing[:3]}, "
-            f"unexpected {unexpected[:3]}): it is not {KINDS[kind]} head "
+            f"the head at {folder} does not have the expected weights (missing {missing[:4]}, "
+            f"unexpected {unexpected[:4]}): it is not {KINDS[kind]} head "
             "for this target"
         )
     head = head.to(target.model.weight_like.device, dtype).eval().requires_grad_(False)

@@ -84,8 +84,15 @@ def from_hf_state_dict(hf: dict[str, torch.Tensor], dtype: torch.dtype) -> dict[
                     break
     for target, parts in pieces.items():
         order = "qkv" if ".attn." in target else ("gate", "up")
-        ours[target] = torch.cat([parts[k] for k in order]).to(dtype)
+        if set(parts) == set(order):  # else the fused parameter stays missing, for the caller to report
+            ours[target] = torch.cat([parts[k] for k in order]).to(dtype)
     return ours
+
+
+def unknown_names(hf: dict[str, torch.Tensor]) -> list[str]:
+    """The names `from_hf_state_dict` would drop (to refuse them where nothing may be skipped)."""
+    return sorted(n for n in hf if not any(re.fullmatch(p, n) for p, _ in _FUSED)
+                  and not any(re.match(p, n) for p, _ in _RENAMES))
 
 
 def to_hf_state_dict(ours: dict[str, torch.Tensor], config: ModelConfig) -> dict[str, torch.Tensor]:
