@@ -21,7 +21,7 @@ WEIGHTS=${WEIGHTS:-dense}
 OUT=${OUT:-benchmarks/results/bench$([[ $WEIGHTS == dense ]] || echo "-$WEIGHTS")}
 mkdir -p "$OUT"
 SMALL="vanilla,eagle,eagle:chain:4,eagle:eagle1,eagle:dynamic,pld,pld:10,hybrid,medusa,lookahead,hf,hf-pld,llama.cpp,llama.cpp-ngram"
-FLAGSHIP="vanilla,eagle,eagle:chain:4,sps:2,sps:3,sps:4,sps:5,sps:6,sps:7,sps:8,pld,pld:10,hybrid,lookahead,hf,hf-assisted,hf-pld,llama.cpp,llama.cpp-ngram,llama.cpp-draft"
+FLAGSHIP="vanilla,eagle,eagle:chain:4,sps:2,sps:3,sps:4,sps:5,sps:6,sps:7,sps:8,pld,pld:10,hybrid,medusa,lookahead,hf,hf-assisted,hf-pld,llama.cpp,llama.cpp-ngram,llama.cpp-draft"
 if [[ ! -f heads/qwen2.5-coder-1.5b-instruct/config.json ]]; then  # not committed (103 MB), hours to build on a CPU
     FLAGSHIP=${FLAGSHIP/eagle,eagle:chain:4,/}
     FLAGSHIP=${FLAGSHIP/hybrid/hybrid:lookup+suffix}
