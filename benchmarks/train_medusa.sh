@@ -7,7 +7,7 @@
 # Four Medusa-1 heads (the target frozen) trained for 20 minutes of CPU on the features of the target's
 # own answers (data/regenerated/MODEL; for SmolLM2 the 971 after the first 2,217 that stretch 6 of the
 # long program trained its EAGLE head on: the same extraction, fp32). The 1.5B has no regenerated
-# answers: its heads learn from 256 ShareGPT conversations (human answers, as Medusa-1 was trained),
+# answers: its heads learn from 128 ShareGPT conversations (human answers, as Medusa-1 was trained),
 # extracted in bf16 (twice as fast on a CPU with bf16 instructions). Resumable.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -15,7 +15,7 @@ MODEL=${1:?usage: train_medusa.sh MODEL}
 case "$MODEL" in
     smollm2-135m-instruct) DATA=(--data "data/regenerated/$MODEL" --skip 2217); VOCAB=8192; DTYPE=float32 ;;
     qwen2.5-coder-0.5b-instruct) DATA=(--data "data/regenerated/$MODEL"); VOCAB=16384; DTYPE=float32 ;;
-    qwen2.5-coder-1.5b-instruct) DATA=(--data sharegpt --limit 256 --max-len 1024); VOCAB=16384; DTYPE=bfloat16 ;;
+    qwen2.5-coder-1.5b-instruct) DATA=(--data sharegpt --limit 128 --max-len 1024); VOCAB=16384; DTYPE=bfloat16 ;;
     *) echo "no Medusa recipe for '$MODEL'" >&2; exit 1 ;;
 esac
 E=.venv/bin/eaglespec
