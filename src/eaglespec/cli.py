@@ -409,11 +409,12 @@ def eval_head(model_spec, head_spec, limit, data, answer_tokens, depth, dtype, t
 @click.option("--head", "head_spec", default="default", show_default=True,
               help="Head folder (ours, or an engine's layout) or 'default' for the one we ship for the model.")
 @click.option("--format", "fmt", required=True,
-              help="official (SafeAILab's EAGLE-1/2 release) | vllm | sglang | speculators (EAGLE-3 heads).")
+              help="official (SafeAILab's EAGLE-1/2 release) | vllm | sglang | speculators (EAGLE-3 heads) | "
+                   "llama.cpp (EAGLE-3 heads, a GGUF by llama.cpp's converter: scripts/setup_llamacpp.sh).")
 @click.option("--out", required=True, help="Folder to write (refused if it exists and is not empty).")
 @click.option("--force", is_flag=True, help="Replace --out if it exists.")
 def export(model_spec: str, head_spec: str, fmt: str, out: str, force: bool) -> None:
-    """Write a head in the layout a serving engine loads (vLLM, SGLang, the official EAGLE runtime)."""
+    """Write a head in the layout a serving engine loads (vLLM, SGLang, llama.cpp, the official EAGLE runtime)."""
     from pathlib import Path
 
     from eaglespec.heads.export import check_format, check_out, export_head
@@ -438,7 +439,8 @@ def export(model_spec: str, head_spec: str, fmt: str, out: str, force: bool) -> 
 @click.option("--methods", default="vanilla,eagle,pld", show_default=True,
               help="Comma-separated: vanilla | eagle[:TREE] | sps[:K] | pld[:K] | hybrid[:SOURCES] | medusa[:N] | lookahead | "
                    "hf | hf-assisted | hf-pld | "
-                   "llama.cpp | llama.cpp-ngram | llama.cpp-draft (built by scripts/setup_llamacpp.sh).")
+                   "llama.cpp | llama.cpp-ngram | llama.cpp-draft | llama.cpp-eagle3 (with an EAGLE-3 --head) "
+                   "(built by scripts/setup_llamacpp.sh).")
 @click.option("--temperature", default=0.0, show_default=True, type=float, help="0 is greedy decoding.")
 @click.option("--max-new-tokens", default=128, show_default=True, type=int)
 @click.option("--draft-model", default=None,

@@ -1,8 +1,10 @@
 """llama.cpp as a peer in `eaglespec bench`: what a CPU user runs instead of us, on the same weights
 and the same token ids.
 
-Methods: `llama.cpp` (plain decoding), `llama.cpp-ngram` (its n-gram speculation, `ngram-simple`)
-and `llama.cpp-draft` (classic speculative decoding with the bench's draft model). Each runs in
+Methods: `llama.cpp` (plain decoding), `llama.cpp-ngram` (its n-gram speculation, `ngram-simple`),
+`llama.cpp-draft` (classic speculative decoding with the bench's draft model) and `llama.cpp-eagle3`
+(its EAGLE-3 drafting with the bench's head, an EAGLE-3 head exported in vLLM's layout and
+converted by llama.cpp's own `convert_hf_to_gguf.py`; llama.cpp drafts with nothing else). Each runs in
 llama.cpp's own `llama-server`, started once per method and asked for one completion per turn
 (token ids in, token ids out, no prompt cache), so it is timed the way our methods are: the whole
 request, prefill included. The server runs llama.cpp's native speculative code; the Python
@@ -17,10 +19,14 @@ our per-channel int8). The programs come from `bash scripts/setup_llamacpp.sh`.
 from __future__ import annotations
 
 import atexit
+import hashlib
+import importlib.util
 import json
 import os
 import socket
 import subprocess
+import sys
+import tempfile
 import time
 import urllib.error
 import urllib.request
@@ -33,7 +39,9 @@ PEERS = {
     "llama.cpp": [],
     "llama.cpp-ngram": ["--spec-type", "ngram-simple"],
     "llama.cpp-draft": ["--spec-type", "draft-simple"],  # plus -md DRAFT.gguf
+    "llama.cpp-eagle3": ["--spec-type", "draft-eagle3"],  # plus -md HEAD.gguf
 }
+DRAFTERS = {"llama.cpp-draft": "a draft model: pass --draft-model", "llama.cpp-eagle3": "an EAGLE-3 head: pass --head"}
 GGUF_TYPES = {("dense", "bfloat16"): "BF16", ("dense", "float32"): "F32", ("int8", "bfloat16"): "Q8_0",
               ("int8", "float32"): "Q8_0"}
 SETUP = "bash scripts/setup_llamacpp.sh"
@@ -82,20 +90,61 @@ def peer_gguf(spec: str, weights: str, dtype: str) -> Path:
     return out
 
 
+def check_eagle3_head(head) -> None:
+    """llama.cpp's draft-eagle3 runs EAGLE-3 heads whose layer is Llama's: no attention biases."""
+    if head.head_type != "eagle3":
+        raise InvalidArgumentError(f"llama.cpp drafts with EAGLE-3 heads only and this head is {head.head_type}: "
+                                   "pass --head with an EAGLE-3 head (eaglespec train --head-type eagle3)")
+    if head.config.qkv_bias:
+        raise InvalidArgumentError("llama.cpp's EAGLE-3 layer has no attention biases and this head's layer "
+                                   "(the target family's) has them: it runs in vLLM and SGLang, not llama.cpp")
+
+
+def convert_eagle3(layout: Path, target_folder: Path, out: Path) -> None:
+    """llama.cpp's own converter (convert_hf_to_gguf.py, from the source the programs were built
+    from) on an EAGLE-3 head in vLLM's layout, with the target's config and tokenizer
+    (`--target-model-dir`), to the GGUF that draft-eagle3 loads, in f32 (the head's bf16 values exactly)."""
+    version = (programs() / "VERSION").read_text().strip().split("-")[1]  # build-0.3.36[-noamx]
+    source = cache_root() / "llama.cpp" / f"src-{version}"
+    if importlib.util.find_spec("sentencepiece") is None:  # the converter imports it whatever the tokenizer
+        raise MissingDependencyError(f"llama.cpp's converter needs sentencepiece: run `{SETUP}`")
+    command = [sys.executable, str(source / "convert_hf_to_gguf.py"), str(layout), "--target-model-dir",
+               str(target_folder), "--outfile", str(out), "--outtype", "f32"]
+    env = os.environ | {"PYTHONPATH": os.pathsep.join([str(source / "gguf-py"), os.environ.get("PYTHONPATH", "")])}
+    done = subprocess.run(command, capture_output=True, text=True, env=env)
+    if done.returncode != 0:
+        raise InvalidArgumentError(f"llama.cpp's converter refused the head: {(done.stderr.strip().splitlines() or ['?'])[-1]}")
+
+
+def eagle3_gguf(head_spec: str, target) -> Path:
+    """An EAGLE-3 head (a folder or "default") for a loaded target as llama.cpp's GGUF, kept in the
+    cache under its content's hash for the server to read."""
+    from eaglespec.heads.export import LLAMA_CPP_FILE, export_head
+
+    with tempfile.TemporaryDirectory() as tmp:
+        export_head(head_spec, target, "llama.cpp", Path(tmp) / "head")
+        made = Path(tmp) / "head" / LLAMA_CPP_FILE
+        out = cache_root() / "llama.cpp" / "gguf" / f"eagle3-{hashlib.sha256(made.read_bytes()).hexdigest()[:16]}.gguf"
+        out.parent.mkdir(parents=True, exist_ok=True)
+        os.replace(made, out)
+    return out
+
+
 class LlamaServer:
     """One `llama-server` process on a loopback port, serving one method's completions."""
 
     def __init__(self, method: str, gguf: Path, threads: int, draft_gguf: Path | None = None,
-                 context: int = 4096):
+                 context: int = 4096, extra: tuple[str, ...] = ()):
         port = _free_port()
         self.url = f"http://127.0.0.1:{port}"
         command = [str(programs() / "llama-server"), "-m", str(gguf), "--host", "127.0.0.1", "--port", str(port),
                    "-t", str(threads), "-tb", str(threads), "-c", str(context), "-np", "1", "--no-webui",
                    *PEERS[method]]
-        if method == "llama.cpp-draft":
+        if method in DRAFTERS:
             if draft_gguf is None:
-                raise InvalidArgumentError("llama.cpp-draft needs a draft model: pass --draft-model")
+                raise InvalidArgumentError(f"{method} needs {DRAFTERS[method]}")
             command += ["-md", str(draft_gguf)]  # its threads default to the target's
+        command += extra
         self.log = cache_root() / "llama.cpp" / f"server-{method}.log"
         self.log.parent.mkdir(parents=True, exist_ok=True)
         with open(self.log, "w") as log:

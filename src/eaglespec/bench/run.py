@@ -3,7 +3,7 @@
 Methods in the decoding loop (vanilla, eagle[:TREE], sps[:K], pld[:K]) and, for reference,
 transformers' own `generate` (`hf`), with an assistant model (`hf-assisted`) and with prompt
 lookup (`hf-pld`), and llama.cpp's server on the same GGUF weights (`llama.cpp`, `llama.cpp-ngram`,
-`llama.cpp-draft`; see `llamacpp.py`). For each item every method runs all of the item's turns before the next
+`llama.cpp-draft`, `llama.cpp-eagle3`; see `llamacpp.py`). For each item every method runs all of the item's turns before the next
 item starts, in an order that rotates from item to item, so that drifts of the machine spread
 evenly; a later turn follows the answer the same method gave before. Each method is warmed up
 once first. Generation stops at EOS or `max_new_tokens`.
@@ -23,7 +23,7 @@ import torch
 from tqdm import tqdm
 
 from eaglespec.bench.datasets import Item, load_items
-from eaglespec.bench.llamacpp import PEERS, LlamaServer, peer_gguf, programs, tau
+from eaglespec.bench.llamacpp import PEERS, LlamaServer, eagle3_gguf, peer_gguf, programs, tau
 from eaglespec.decoding.generate import chat_ids, generate
 from eaglespec.decoding.methods import METHOD_HELP, PromptLookup, method_needs, parse_method
 from eaglespec.errors import InvalidArgumentError
@@ -124,12 +124,13 @@ class Bench:
             self.hf = _hf_model(self.target.folder, config.dtype, config.device)
         if "hf-assisted" in needs:
             self.hf_draft = _hf_model(self.draft.folder, config.dtype, config.device)
-        self.peers = {}
-        for m in methods:
-            if m in PEERS:
-                draft = peer_gguf(config.draft_model, config.weights, config.dtype) if m == "llama.cpp-draft" else None
-                self.peers[m] = LlamaServer(m, peer_gguf(config.model, config.weights, config.dtype),
-                                            torch.get_num_threads(), draft)
+        drafts = {}  # the peers' drafters, converted (a head refused) before any server starts
+        if "llama.cpp-draft" in methods:
+            drafts["llama.cpp-draft"] = peer_gguf(config.draft_model, config.weights, config.dtype)
+        if "llama.cpp-eagle3" in methods:
+            drafts["llama.cpp-eagle3"] = eagle3_gguf(config.head, self.target)
+        self.peers = {m: LlamaServer(m, peer_gguf(config.model, config.weights, config.dtype), torch.get_num_threads(),
+                                     drafts.get(m)) for m in methods if m in PEERS}
 
     def _our_methods(self) -> dict:
         """One object per listed method of ours, even where two specs name the same one (eagle, eagle:auto)."""

@@ -17,6 +17,9 @@ Formats (what each engine's loader reads; see the README's serving section for t
   as `token_map.pt` for `--speculative-token-map`; EAGLE-3 as for vLLM.
 - `speculators`: the speculators config form that vLLM also reads (EAGLE-3 only: speculators has
   no EAGLE-1 form).
+- `llama.cpp`: the GGUF that llama.cpp's `--spec-type draft-eagle3` loads (it drafts with EAGLE-3
+  heads only, and its EAGLE-3 layer has no attention biases), made by llama.cpp's own converter from
+  the vLLM layout (bash scripts/setup_llamacpp.sh fetches and builds llama.cpp).
 Medusa heads are not exported: the engines' Medusa layouts carry an LM head per head, ours share
 the target's.
 """
@@ -24,6 +27,7 @@ the target's.
 from __future__ import annotations
 
 import json
+import shutil
 from pathlib import Path
 
 import torch
@@ -39,9 +43,11 @@ FORMATS = {
     "vllm": "vLLM (`--speculative-config` method eagle or eagle3)",
     "sglang": "SGLang (`--speculative-algorithm EAGLE` or `EAGLE3`)",
     "speculators": "the speculators config form, read by vLLM (EAGLE-3 heads)",
+    "llama.cpp": "llama.cpp (`--spec-type draft-eagle3`; EAGLE-3 heads without attention biases)",
 }
 TYPES = {"official": ("eagle1",), "vllm": ("eagle1", "eagle3"), "sglang": ("eagle1", "eagle3"),
-         "speculators": ("eagle3",)}
+         "speculators": ("eagle3",), "llama.cpp": ("eagle3",)}
+LLAMA_CPP_FILE = "head.gguf"
 LLAMA_LAYERS = ("llama", "mistral")  # families whose decoder layer is Llama's
 
 
@@ -208,9 +214,27 @@ def engine_files(head, target: Target, fmt: str) -> tuple[dict, dict[str, torch.
 def export_head(head_spec: str, target: Target, fmt: str, out: Path, force: bool = False) -> list[str]:
     """Write the head `head_spec` (a folder or "default") for `target` in format `fmt` to `out`
     (atomically); returns what to tell the user: the folder and how to serve it."""
+    from eaglespec.bench.llamacpp import check_eagle3_head, convert_eagle3, programs
+
     check_format(fmt)
     check_out(out, force)
     head = load_head(head_spec, target)
+    if fmt == "llama.cpp":  # vLLM's EAGLE-3 layout, then llama.cpp's converter
+        check_eagle3_head(head)
+        programs()
+        config, tensors, _ = engine_files(head, target, "vllm")
+
+        def fill(tmp: Path) -> None:
+            layout = tmp / "vllm"
+            layout.mkdir()
+            (layout / "config.json").write_text(json.dumps(config, indent=2) + "\n")
+            save_file({k: v.contiguous() for k, v in tensors.items()}, str(layout / "model.safetensors"),
+                      metadata={"format": "pt"})
+            convert_eagle3(layout, Path(target.folder), tmp / LLAMA_CPP_FILE)
+            shutil.rmtree(layout)
+
+        write_folder(Path(out), fill)
+        return [f"wrote {FORMATS[fmt]} head to {out / LLAMA_CPP_FILE}", serve_command(fmt, "eagle3", target, Path(out), False)]
     config, tensors, token_map = engine_files(head, target, fmt)
 
     def fill(tmp: Path) -> None:
@@ -231,6 +255,14 @@ def export_head(head_spec: str, target: Target, fmt: str, out: Path, force: bool
 def serve_command(fmt: str, kind: str, target: Target, out: Path, token_map: bool) -> str:
     """The command (or code) that serves `target` with the exported head."""
     model = target.folder
+    if fmt == "llama.cpp":
+        from eaglespec.bench.llamacpp import programs, source_gguf
+
+        try:
+            gguf = source_gguf(target.name)
+        except InvalidArgumentError:
+            gguf = "MODEL.gguf"
+        return f"serve: {programs() / 'llama-server'} -m {gguf} -md {out / LLAMA_CPP_FILE} --spec-type draft-eagle3"
     if fmt == "official":
         line = (f"serve: python -c \"from eagle.model.ea_model import EaModel; "
                 f"m = EaModel.from_pretrained(base_model_path='{model}', ea_model_path='{out}')\"  (eagle-llm)")
