@@ -7,8 +7,9 @@
 # N-3 (vLLM's default), learns the target's next-token distribution over an 8,192-token draft
 # vocabulary (soft cross-entropy, EAGLE-3's loss) three draft steps deep (training-time test), on
 # the features of the target's own answers (data/regenerated/MODEL, fp32). BUDGET minutes of
-# training (default 120). Resumable: run it again after an interruption; a finished run returns at
-# once, and a larger BUDGET trains on from where it stopped.
+# training (default 120; the learning rate decays to 0 at it). Resumable: run it again with the same
+# BUDGET after an interruption (a finished run returns at once); another BUDGET is another run, in
+# its own folder, from the start (the features are shared).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 MODEL=${1:?usage: train_eagle3.sh MODEL}
@@ -21,7 +22,7 @@ BUDGET=${BUDGET:-120}
 E=.venv/bin/eaglespec
 CACHE=${EAGLESPEC_CACHE:-$HOME/.cache/eaglespec}
 F=$CACHE/features
-RUN=$CACHE/eagle3/$MODEL
+RUN=$CACHE/eagle3/$MODEL-${BUDGET}min
 A=(--aux-layers eagle3 --dtype float32 --threads 2)
 $E extract --model "$MODEL" --split heldout --limit 50 "${A[@]}" --out "$F/eagle3-$MODEL-heldout"
 $E extract --model "$MODEL" "${DATA[@]}" --split train "${A[@]}" --out "$F/eagle3-$MODEL-train"
