@@ -2,7 +2,8 @@
 # Optional set-up for the llama.cpp peer of `eaglespec bench` (methods llama.cpp, llama.cpp-ngram,
 # llama.cpp-draft, llama.cpp-eagle3) and `eaglespec export --format llama.cpp`: builds llama-server,
 # llama-bench and llama-quantize from the llama.cpp source vendored in the llama-cpp-python sdist
-# (the package registry is the only source this machine reaches), CPU only, tuned to this CPU. About 10-15 minutes on 2 cores; idempotent; prints the folder of the programs.
+# (the package registry is the only source this machine reaches), CPU only, tuned to this CPU.
+# About 10-15 minutes on 2 cores; idempotent; prints the folder of the programs.
 #
 #     bash scripts/setup_llamacpp.sh          # then: eaglespec bench ... --methods vanilla,llama.cpp
 set -euo pipefail
