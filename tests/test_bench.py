@@ -82,7 +82,34 @@ def test_bench_every_kind_of_method(tmp_path, monkeypatch):
     assert markdown(r) in result.output
 
 
+def test_bench_in_batches(tmp_path, monkeypatch):
+    """Three items in batches of 2 (the second batch one item): the batches' turns in step, each
+    row's tokens those of the same item decoded alone (fp32)."""
+    monkeypatch.setenv("TQDM_DISABLE", "1")
+    prompts = tmp_path / "prompts.jsonl"
+    prompts.write_text('{"turns": ["Name three colors.", "Now three more."]}\n{"prompt": "Say hello twice."}\n'
+                       '{"prompt": "Count to five."}\n')
+    runs = {}
+    for B in (1, 2):
+        out = tmp_path / f"b{B}.json"
+        result = CliRunner().invoke(main, [
+            "bench", "--dataset", str(prompts), "--methods", "vanilla,eagle:chain:2,pld:4", "--max-new-tokens", "12",
+            "--dtype", "float32", "--batch-size", str(B), "--out", str(out)])
+        assert result.exit_code == 0, result.output
+        r = json.loads(out.read_text())
+        assert (r["items"], r["turns"], r["config"]["batch_size"]) == (3, 4, B)
+        for spec, s in r["methods"].items():
+            assert s["throughput_tokens_per_s"] > 0 and 0 < s["ms_per_token_p50"] <= s["ms_per_token_p95"]
+            assert s["same_tokens_as_vanilla"] == 4, spec
+        runs[B] = {spec: [(run["item"], run["turn"], run["token_ids"]) for run in s["runs"]]
+                   for spec, s in r["methods"].items()}
+    assert runs[1] == runs[2]
+    assert "throughput tokens/s" in result.output and "batches of 2" in result.output
+
+
 @pytest.mark.parametrize("args, message", [
+    (["--batch-size", "0"], "--batch-size must be >= 1"),
+    (["--batch-size", "2", "--methods", "vanilla,hf"], "hf decode one prompt at a time here"),
     (["--dataset", "gsm8k"], "unknown dataset"),
     (["--methods", "vanilla,jacobi"], "unknown method 'jacobi'"),
     (["--methods", "medusa", "--medusa-head", "/nonexistent-medusa-head"], "no head at '/nonexistent-medusa-head'"),

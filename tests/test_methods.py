@@ -6,7 +6,9 @@ head, which exercises rejections, and the shipped head exported to vLLM's layout
 drafts from the target's own hidden state one layer before the end, which the target often
 accepts), classic speculative sampling with a weak draft model, prompt lookup, `hybrid` (EAGLE,
 lookup and a suffix cache in one tree; with the shipped head, a random one, and without EAGLE), and
-Medusa (a random head, auto-sized and fixed), and Lookahead decoding."""
+Medusa (a random head, auto-sized and fixed), and Lookahead decoding. Decoded together in one batch
+(`loop.Scheduler`), every row's output equals that row decoded alone, greedy or seeded sampling,
+with rows joining, leaving and cancelled between rounds."""
 
 import itertools
 from dataclasses import replace
@@ -14,10 +16,12 @@ from dataclasses import replace
 import pytest
 import torch
 
-from eaglespec.decoding.generate import generate
+from eaglespec.decoding.generate import generate, prompt_ids
+from eaglespec.decoding.loop import Request, Scheduler
 from eaglespec.decoding.methods import METHOD_HELP, Eagle, Hybrid, PromptLookup, method_needs, parse_method
 from eaglespec.decoding.methods import METHODS as REGISTERED
 from eaglespec.decoding.prompt_lookup import ChainSize, PromptLookupProposer
+from eaglespec.decoding.sampling import SamplingParams
 from eaglespec.errors import InvalidArgumentError
 from eaglespec.heads.head import Eagle3Head, EagleHead
 
@@ -136,6 +140,68 @@ def test_greedy_equals_vanilla(smollm2, make, vanilla, spec):
         assert out.method == method.name and sum(out.accepted_lengths) == out.target_forwards
     if "random" not in spec:  # drafts the target accepts, so the path is exercised
         assert sum(o.new_tokens for o in outs) > sum(o.target_forwards for o in outs)
+
+
+def decode_batch(target, method, requests: list[tuple[list[int], int, SamplingParams]], max_rows: int,
+                 cancel: tuple[int, int] | None = None) -> list[list[int]]:
+    """Decode (prompt, max_new_tokens, params) requests together, at most `max_rows` at a time
+    (the rest wait and join as rows leave), in a cache with room for exactly that many; `cancel`
+    (i, r): cancel request i after round r. Returns each request's tokens."""
+    made = [Request(ids, params, n, target.eos_token_ids, method.bind(target, params) if method else None)
+            for ids, n, params in requests]
+    slots = sorted((len(ids) + n + 64 for ids, n, _ in requests), reverse=True)
+    scheduler = Scheduler(target.model, sum(slots[:max_rows]), max_rows)
+    rows = [scheduler.submit(request) for request in made]
+    rounds = 0
+    while not scheduler.idle:
+        scheduler.step()
+        rounds += 1
+        if cancel and rounds == cancel[1]:
+            scheduler.cancel(rows[cancel[0]])
+    assert scheduler.cache.length == 0 and not scheduler.cache.lengths  # every slot freed
+    return [row.tokens for row in rows]
+
+
+@pytest.mark.parametrize("spec", ["vanilla", *METHODS])
+def test_batched_rows_equal_rows_decoded_alone(smollm2, make, vanilla, spec):
+    """Three prompts, two rows at a time: the third joins when the shortest leaves."""
+    method = None if spec == "vanilla" else make(spec)
+    ids = [prompt_ids(smollm2, p, chat=True) for p in PROMPTS]
+    greedy = SamplingParams()
+    outs = decode_batch(smollm2, method, [(ids[0], 40, greedy), (ids[1], 12, greedy), (ids[2], 40, greedy)], 2)
+    assert outs == [vanilla[0], vanilla[1][:12], vanilla[2]]
+
+
+@pytest.mark.parametrize("spec", ["vanilla", "eagle:eagle1", "pld:3", "sps:3"])
+def test_batched_sampling_rows_equal_rows_sampled_alone(smollm2, make, spec):
+    """Seeded sampling at temperature 1: each row draws what it draws alone, since its random
+    choices come from its own generator. (Not for methods whose drafts learn from earlier
+    generations, `auto` trees and hybrid's suffix cache: their drafts, and so their random draws,
+    differ from run to run; the distribution does not, test_sampling_matches_the_target_distribution.)"""
+    method = None if spec == "vanilla" else make(spec)
+    ids = [prompt_ids(smollm2, p, chat=True) for p in PROMPTS]
+    params = [SamplingParams(temperature=1.0, seed=seed) for seed in (1, 2, 3)]
+    alone = [generate(smollm2, i, max_new_tokens=24, temperature=1.0, seed=p.seed, method=method).token_ids
+             for i, p in zip(ids, params)]
+    assert decode_batch(smollm2, method, [(i, 24, p) for i, p in zip(ids, params)], 3) == alone
+
+
+def test_cancelling_a_row_leaves_the_others_unchanged(smollm2, make, vanilla):
+    method = make("eagle:eagle1")
+    ids = [prompt_ids(smollm2, p, chat=True) for p in PROMPTS]
+    greedy = SamplingParams()
+    outs = decode_batch(smollm2, method, [(i, 40, greedy) for i in ids], 3, cancel=(1, 3))
+    assert outs[0] == vanilla[0] and outs[2] == vanilla[2]
+    assert 0 < len(outs[1]) < 40 and outs[1] == vanilla[1][:len(outs[1])]
+
+
+def test_scheduler_bad_input(smollm2):
+    with pytest.raises(InvalidArgumentError, match="batch size must be >= 1"):
+        Scheduler(smollm2.model, 64, 0)
+    scheduler = Scheduler(smollm2.model, 64, 2)
+    with pytest.raises(InvalidArgumentError, match="needs 110 cache slots"):
+        scheduler.submit(Request([1] * 10, SamplingParams(), 100))
+    assert scheduler.idle
 
 
 @pytest.mark.parametrize("spec", ["eagle:eagle1", "sps:4", "pld:4", "hybrid", "lookahead"])

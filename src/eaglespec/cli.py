@@ -450,9 +450,11 @@ def export(model_spec: str, head_spec: str, fmt: str, out: str, force: bool) -> 
 @click.option("--device", default="cpu", show_default=True)
 @click.option("--threads", default=None, type=int, help="torch CPU threads (default: torch's choice).")
 @click.option("--seed", default=0, show_default=True, help="Seed of the first item (sampling).")
+@click.option("--batch-size", default=1, show_default=True,
+              help="Items decoded together (our methods): throughput, and per-token latency per row.")
 @click.option("--out", required=True, type=click.Path(dir_okay=False), help="Results JSON; PNG plots go beside it.")
 def bench(model_spec, head_spec, medusa_spec, dataset, limit, methods, temperature, max_new_tokens, draft_model, dtype, weights,
-          device, threads, seed, out) -> None:
+          device, threads, seed, batch_size, out) -> None:
     """Every method side by side on one dataset: tokens/s, speedup over vanilla, tau, memory."""
     from pathlib import Path
 
@@ -481,7 +483,7 @@ def bench(model_spec, head_spec, medusa_spec, dataset, limit, methods, temperatu
     config = BenchConfig(model=model_spec, dataset=dataset, methods=specs, head=head_spec, medusa_head=medusa_spec,
                          draft_model=draft_model,
                          limit=limit or None, temperature=temperature, max_new_tokens=max_new_tokens, dtype=dtype,
-                         weights=weights, device=device, seed=seed)
+                         weights=weights, device=device, seed=seed, batch_size=batch_size)
     runner = Bench(config)
     try:
         result = runner.run()

@@ -8,6 +8,11 @@ item starts, in an order that rotates from item to item, so that drifts of the m
 evenly; a later turn follows the answer the same method gave before. Each method is warmed up
 once first. Generation stops at EOS or `max_new_tokens`.
 
+With `batch_size` B > 1 our methods decode B items at a time together (`loop.Scheduler`, one
+target forward per round for all rows), the items' turns in step: a batch's second turns start
+when all its first turns are done. Throughput is all new tokens over the batches' wall time; a
+row's time runs from its batch's start to its last token (per-token latency, p50 and p95).
+
 Speedup is per turn (a method's tokens/s over vanilla's on the same turn), then the median and
 mean over turns. Peak memory is the process's peak resident set while the method ran (every
 loaded model included), or the peak CUDA allocation on a GPU.
@@ -25,7 +30,9 @@ from tqdm import tqdm
 from eaglespec.bench.datasets import Item, load_items
 from eaglespec.bench.llamacpp import PEERS, LlamaServer, eagle3_gguf, peer_gguf, programs, tau
 from eaglespec.decoding.generate import chat_ids, generate
+from eaglespec.decoding.loop import Request, Row, Scheduler
 from eaglespec.decoding.methods import METHOD_HELP, PromptLookup, method_needs, parse_method
+from eaglespec.decoding.sampling import SamplingParams
 from eaglespec.errors import InvalidArgumentError
 from eaglespec.timing import Clock, machine
 
@@ -51,6 +58,7 @@ class BenchConfig:
     weights: str = "dense"  # or int8 / int4 (the target's and the draft model's)
     device: str = "cpu"
     seed: int = 0
+    batch_size: int = 1
 
 
 @dataclass
@@ -76,8 +84,13 @@ class Run:
     sources: dict[str, int] | None = None  # accepted draft tokens by source (hybrid)
 
 
-def check_methods(methods: tuple[str, ...], draft_model: str | None) -> None:
+def check_methods(methods: tuple[str, ...], draft_model: str | None, batch_size: int = 1) -> None:
     """Refuse unknown methods and missing draft models before anything is loaded."""
+    if batch_size < 1:
+        raise InvalidArgumentError(f"--batch-size must be >= 1, got {batch_size}")
+    if batch_size > 1 and (outside := [m for m in methods if m in EXTERNAL]):
+        raise InvalidArgumentError(f"{', '.join(outside)} decode one prompt at a time here; drop them or use "
+                                   "--batch-size 1")
     if not methods:
         raise InvalidArgumentError(f"no methods given: expected a comma-separated list of {METHOD_HELP} | "
                                    f"{' | '.join(EXTERNAL)}")
@@ -107,7 +120,7 @@ class Bench:
 
         methods = config.methods if "vanilla" in config.methods else ("vanilla", *config.methods)
         self.config = BenchConfig(**(asdict(config) | {"methods": methods}))
-        check_methods(methods, config.draft_model)
+        check_methods(methods, config.draft_model, config.batch_size)
         self.items = load_items(config.dataset, config.limit)
         needs = {method_needs(m) if m not in EXTERNAL else m for m in methods}
         model = load(config.model, config.head if "head" in needs else None, config.dtype, config.device,
@@ -187,19 +200,67 @@ class Bench:
         self.ours = self._our_methods()  # what the warm-up taught them (a suffix cache: the first answer) is not kept
         runs: dict[str, list[Run]] = {m: [] for m in methods}
         peaks = dict.fromkeys(methods, 0.0)
+        walls = dict.fromkeys(methods, 0.0)  # seconds the batches took (one item at a time: the runs')
         turns = sum(len(item.turns) for item in self.items)
         bar = tqdm(total=turns * len(methods), desc=f"bench {c.dataset}", unit="turn", disable=not progress)
-        for i, item in enumerate(self.items):
+        B = c.batch_size
+        for g in range(0, len(self.items), B):
+            group, i = self.items[g:g + B], g // B
             for spec in methods[i % len(methods):] + methods[: i % len(methods)]:
                 bar.set_postfix_str(spec)
                 peer = self.peers.get(spec)
                 peer.reset_peak() if peer else _reset_peak(self.target.model.embed.weight.device)
-                runs[spec].extend(self._conversation(spec, item, c.seed + i))
+                if B == 1:
+                    done = self._conversation(spec, group[0], c.seed + g)
+                    walls[spec] += sum(r.seconds for r in done)
+                else:
+                    done, wall = self._batch(spec, group, c.seed + g)
+                    walls[spec] += wall
+                runs[spec].extend(done)
                 peak = peer.peak_mb() if peer else _peak_mb(self.target.model.embed.weight.device)
                 peaks[spec] = max(peaks[spec], peak)
-                bar.update(len(item.turns))
+                bar.update(len(done))
         bar.close()
-        return report(c, runs, peaks, len(self.items))
+        return report(c, runs, peaks, len(self.items), walls)
+
+    def _batch(self, spec: str, items: list[Item], seed: int) -> tuple[list[Run], float]:
+        """Our method `spec` on a batch of items decoded together, turn by turn: the runs, and
+        the wall time of the batch. Item k samples with seed + k, as it does alone."""
+        c, target = self.config, self.target
+        method = self.ours[spec]
+        messages: list[list[dict]] = [[] for _ in items]
+        out: list[list[Run]] = [[] for _ in items]  # per item, as one at a time gives them
+        wall = 0.0
+        for turn in range(max(len(item.turns) for item in items)):
+            live = [k for k, item in enumerate(items) if turn < len(item.turns)]
+            rows = []
+            for n, k in enumerate(live):
+                messages[k].append({"role": "user", "content": items[k].turns[turn]})
+                params = SamplingParams(temperature=c.temperature, seed=seed + k)
+                request = Request(chat_ids(target, messages[k]), params, c.max_new_tokens, target.eos_token_ids,
+                                  method.bind(target, params) if method else None)
+                rows.append(Row(target.model, request, n))
+            clock, finished = Clock(target.model.embed.weight.device), {}
+            scheduler = Scheduler(target.model, sum(row.slots for row in rows), len(rows))
+            for row in rows:
+                scheduler.enqueue(row)
+            elapsed = 0.0
+            while not scheduler.idle:
+                scheduler.step()
+                elapsed += clock.lap()
+                finished.update((row.id, elapsed) for row in rows if row.done and row.id not in finished)
+            wall += elapsed
+            for row, k in zip(rows, live):
+                stats, seconds, drafter = row.stats, finished[row.id], row.drafter
+                parts = stats.prefill_s + stats.draft_s + stats.verify_s
+                out[k].append(Run(items[k].id, turn, len(row.tokens), seconds, len(row.tokens) / seconds, stats.tau,
+                               row.tokens, stats.target_forwards, stats.prefill_s, stats.draft_s, stats.verify_s,
+                               max(seconds - parts, 0.0), stats.accepted_lengths, stats.acceptance_by_depth(),
+                               drafter.describe() if drafter else None, bool(drafter and drafter.shape.chain),
+                               stats.sources or None))
+                answer = target.tokenizer.decode(row.tokens, skip_special_tokens=True)
+                messages[k].append({"role": "assistant", "content": answer})
+        return [run for runs in out for run in runs], wall
 
     def _conversation(self, spec: str, item: Item, seed: int) -> list[Run]:
         messages, out = [], []
@@ -213,13 +274,15 @@ class Bench:
         return out
 
 
-def report(config: BenchConfig, runs: dict[str, list[Run]], peaks: dict[str, float], items: int) -> dict:
+def report(config: BenchConfig, runs: dict[str, list[Run]], peaks: dict[str, float], items: int,
+           walls: dict[str, float]) -> dict:
     """The JSON written by `eaglespec bench`: settings, a summary per method, every run."""
     vanilla = runs["vanilla"]
     methods = {}
     for spec, rs in runs.items():
         seconds = sum(r.seconds for r in rs)
         tokens = sum(r.new_tokens for r in rs)
+        latency = sorted(1000 * r.seconds / r.new_tokens for r in rs if r.new_tokens)
         ratios = [r.tokens_per_s / v.tokens_per_s for r, v in zip(rs, vanilla)]
         rounds = None if spec in EXTERNAL else sum(r.target_forwards for r in rs)
         summary = {
@@ -231,6 +294,10 @@ def report(config: BenchConfig, runs: dict[str, list[Run]], peaks: dict[str, flo
             "new_tokens": tokens,
             "seconds": seconds,
             "peak_memory_mb": peaks[spec],
+            "throughput_tokens_per_s": tokens / walls[spec],  # with batch_size 1 the same as tokens_per_s
+            "throughput_speedup": tokens / walls[spec] / (sum(r.new_tokens for r in vanilla) / walls["vanilla"]),
+            "ms_per_token_p50": statistics.median(latency),
+            "ms_per_token_p95": latency[min(len(latency) - 1, round(0.95 * (len(latency) - 1)))],
         }
         for base in BASELINES:
             if base in runs and base != spec:
@@ -267,15 +334,20 @@ def markdown(result: dict) -> str:
     c = result["config"]
     methods = result["methods"]
     refs = [b for b in BASELINES if b in methods]
+    batched = c.get("batch_size", 1) > 1
     head = ["method", "tokens/s", "speedup (median)", "speedup (mean)", *(f"vs {b}" for b in refs), "tau",
             "0/1/2-alpha (chains)", "peak MiB"]
+    head[1:1] = ["throughput tokens/s", "throughput speedup", "ms/token p50 / p95"] if batched else []
+    batches = f", batches of {c['batch_size']}" if batched else ""
     title = (f"{c['model']} on {c['dataset']} ({result['items']} items, {result['turns']} turns), "
              f"temperature {c['temperature']:g}, max {c['max_new_tokens']} new tokens, {c['dtype']}"
              f"{'' if c.get('weights', 'dense') == 'dense' else ' with ' + c['weights'] + ' weights'}, "
-             f"{result['machine']['threads']} threads")
+             f"{result['machine']['threads']} threads{batches}")
     lines = [title, "", "| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for spec, s in methods.items():
-        cells = [spec, f"{s['tokens_per_s']:.1f}", f"{s['speedup']:.2f}x", f"{s['speedup_mean']:.2f}x",
+        cells = [spec, *([f"{s['throughput_tokens_per_s']:.1f}", f"{s['throughput_speedup']:.2f}x",
+                          f"{s['ms_per_token_p50']:.1f} / {s['ms_per_token_p95']:.1f}"] if batched else []),
+                 f"{s['tokens_per_s']:.1f}", f"{s['speedup']:.2f}x", f"{s['speedup_mean']:.2f}x",
                  *(f"{s[f'speedup_vs_{b}']:.2f}x" if f"speedup_vs_{b}" in s else "1.00x" for b in refs),
                  "-" if s["tau"] is None else f"{s['tau']:.2f}",
                  " / ".join(f"{a:.2f}" for a in s["n_alpha"][:3]) if "n_alpha" in s else "-",

@@ -7,10 +7,16 @@ forward (tree mask and positions), keep the accepted path in the cache (`KVCache
 accept several tokens per round. The prompt minus its last token is prefilled once; the last
 prompt token is the first round's root, so every new token comes from a round and
 tau = new tokens / target forwards is exactly 1 for vanilla decoding.
+
+The loop decodes rows: `Scheduler` runs each round for every active row in one target forward
+(the rows' tokens side by side in one `RowCache`, each seeing only its own), and rows join and
+leave between rounds. `decode` is one row through it. A row's tokens are the ones it gets alone.
 """
 
 from __future__ import annotations
 
+import itertools
+from collections import deque
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Protocol
@@ -23,6 +29,7 @@ from eaglespec.decoding.tree import DraftTree, TreeShape
 from eaglespec.decoding.verify import verify
 from eaglespec.errors import InvalidArgumentError, PromptTooLongError
 from eaglespec.models.decoder import Decoder
+from eaglespec.models.row_cache import RowCache
 from eaglespec.timing import Clock
 
 
@@ -101,70 +108,202 @@ class Proposer(Protocol):
         ...
 
 
-@torch.inference_mode()
+@dataclass
+class Request:
+    """One sequence to decode: the prompt, how to sample, when to stop, and the drafter to make
+    (`proposer(draws, capacity)`, None: vanilla decoding). `stats` is filled in as it decodes."""
+
+    prompt_ids: list[int]
+    params: SamplingParams
+    max_new_tokens: int
+    eos_token_ids: frozenset[int] = frozenset()
+    proposer: Callable[[Draws, int], Proposer] | None = None
+    stats: DecodeStats = field(default_factory=DecodeStats)
+
+
+class Row:
+    """A request in the scheduler, and the handle to it: `tokens` holds what it accepted so far,
+    `done` is set when it finished (`stats.finish_reason` says why)."""
+
+    def __init__(self, model: Decoder, request: Request, id: int):
+        check_max_new_tokens(request.max_new_tokens)
+        check_prompt(model, request.prompt_ids)
+        self.id, self.request, self.stats = id, request, request.stats
+        self.draws = Draws(request.params.generator(tokens_device(model)))
+        # tokens this row may hold: positions past the context have no rotary embedding
+        self.capacity = min(len(request.prompt_ids) + request.max_new_tokens, model.config.max_position_embeddings)
+        self.drafter = request.proposer(self.draws, self.capacity) if request.proposer else None
+        self.slots = self.capacity + (self.drafter.shape.max_nodes if self.drafter else 0)  # with its largest tree
+        self.root = request.prompt_ids[-1]
+        self.tokens: list[int] = []
+        self.done = False
+
+    @property
+    def reads(self) -> tuple[int, ...]:
+        return self.drafter.reads if self.drafter else ()
+
+
+class Scheduler:
+    """Rows decoded together: each round drafts every active row's tree, verifies them all in one
+    target forward (each row's tokens see only its own, `RowCache`) and accepts each row's tokens.
+
+    `submit(request)` queues a request and returns its `Row`; `step()` admits queued rows while a
+    row and cache slots are free (first come, first served; a row reserves its prompt, its
+    `max_new_tokens` and its largest draft tree), runs one round and returns the tokens each row
+    accepted; `cancel(row)` ends a row and frees its slots. A request that could never fit is
+    refused when submitted. Vanilla decoding is the round with no drafter: it verifies the root
+    alone and accepts one token."""
+
+    def __init__(self, model: Decoder, slots: int, max_rows: int = 1):
+        if max_rows < 1:
+            raise InvalidArgumentError(f"the batch size must be >= 1, got {max_rows}")
+        self.model, self.max_rows = model, max_rows
+        self.cache = RowCache(model.config, slots, model.weight_like.dtype, model.weight_like.device)
+        self.queue: deque[Row] = deque()
+        self.active: list[Row] = []
+        self.reserved = 0  # slots the active rows may fill
+        self.clock = Clock(tokens_device(model))
+        self._ids = itertools.count()
+
+    def submit(self, request: Request) -> Row:
+        return self.enqueue(Row(self.model, request, next(self._ids)))
+
+    def enqueue(self, row: Row) -> Row:
+        if row.slots > self.cache.capacity:
+            raise InvalidArgumentError(
+                f"the request needs {row.slots} cache slots (prompt, max_new_tokens and draft tree) and the "
+                f"batch's cache holds {self.cache.capacity}; lower max_new_tokens or make the cache larger")
+        self.queue.append(row)
+        return row
+
+    def cancel(self, row: Row) -> None:
+        """End a row now, queued or decoding; the other rows' output does not change."""
+        if row in self.queue:
+            self.queue.remove(row)
+        elif row in self.active:
+            self._leave(row)
+        if not row.done:
+            row.done, row.stats.finish_reason = True, row.stats.finish_reason or "cancelled"
+
+    @property
+    def idle(self) -> bool:
+        return not self.queue and not self.active
+
+    @torch.inference_mode()
+    def step(self) -> list[tuple[Row, list[int]]]:
+        """Admit what fits, run one round for every active row; (row, accepted tokens) per row
+        that accepted any (a finished row's last tokens included; a row is done when it says so)."""
+        self.clock.lap()  # the caller's time is not ours
+        while self.queue and len(self.active) < self.max_rows and self.reserved + self.queue[0].slots <= self.cache.capacity:
+            self._admit(self.queue.popleft())
+        context = self.model.config.max_position_embeddings
+        rows = []
+        for row in self.active:
+            if self.cache.lengths[row.id] + 1 > row.capacity:
+                row.stats.finish_reason = "context"
+            else:
+                rows.append(row)
+        for row in [r for r in self.active if r not in rows]:
+            self._leave(row)
+        if not rows:
+            return []
+        trees, blocks, tokens, positions = [], [], [], []
+        for row in rows:
+            length, stats = self.cache.lengths[row.id], row.stats
+            tree = DraftTree()
+            if row.drafter:
+                # deeper nodes could not be accepted (max_new_tokens) or have no position (context)
+                depth = min(row.request.max_new_tokens - stats.new_tokens, context - length) - 1
+                tree = row.drafter.propose(depth).prune(row.slots - length - 1, depth)
+                stats.draft_s += self.clock.lap()
+            ids, mask, offsets = tree.verify_inputs(row.root, 0, tokens_device(self.model))
+            trees.append(tree)
+            blocks.append((row.id, mask))
+            tokens.append(ids)
+            positions.append(offsets + length)
+        reads = {row.reads for row in rows if row.drafter}
+        if len(reads) > 1:
+            raise InvalidArgumentError("rows decoded together must draft from the same target layers "
+                                       f"(got {sorted(reads)}); decode them in separate batches")
+        reads = reads.pop() if reads else ()
+        mask = self.cache.prepare(blocks)
+        logits, features = self.model(torch.cat(tokens, 1), self.cache, torch.cat(positions, 1), mask, capture=reads)
+        forward_s = self.clock.lap()
+        kept_all, results, first = [], [], 0
+        for row, tree, ids in zip(rows, trees, tokens):
+            stats, request = row.stats, row.request
+            last = first + ids.shape[1]
+            if tree.extra is not None:
+                row.drafter.observe(logits[0, first + 1 + len(tree):last])
+            path, bonus = verify(tree, logits[0, first:first + 1 + len(tree)], request.params, row.draws)
+            stats.target_forwards += 1
+            stats.count_round(tree, path)
+            kept = [first, *(first + i + 1 for i in path)]
+            kept_all += kept
+            accepted = [*(tree.tokens[i] for i in path), bonus][: request.max_new_tokens - stats.new_tokens]
+            for i, token in enumerate(accepted):
+                if token in request.eos_token_ids:
+                    accepted = accepted[: i + 1]
+                    stats.finish_reason = "eos"
+                    break
+            stats.new_tokens += len(accepted)
+            for i in path[:len(accepted)] if tree.sources else ():
+                stats.sources[tree.sources[i]] = stats.sources.get(tree.sources[i], 0) + 1
+            if not stats.finish_reason and stats.new_tokens == request.max_new_tokens:
+                stats.finish_reason = "length"
+            results.append((row, accepted, kept))
+            first = last
+        self.cache.keep(kept_all)
+        own_s = self.clock.lap()
+        for row, accepted, kept in results:
+            if row.drafter and not row.stats.finish_reason:
+                row.drafter.accept(accepted, features[:, kept])
+            row.stats.verify_s += forward_s + own_s / len(results) + self.clock.lap()
+            row.tokens += accepted
+            row.root = accepted[-1]
+            if row.stats.finish_reason:
+                self._leave(row)
+        return [(row, accepted) for row, accepted, _ in results]
+
+    def _admit(self, row: Row) -> None:
+        """Prefill the row's prompt but its last token alone (the same forward as a row decoded
+        alone), add it to the cache and start its drafter."""
+        prompt = row.request.prompt_ids
+        prefilled = self.model.new_cache(len(prompt) - 1)
+        features = None  # a one-token prompt has nothing to prefill
+        if len(prompt) > 1:
+            ids = torch.tensor([prompt[:-1]], device=tokens_device(self.model))
+            _logits, features = self.model(ids, prefilled, last_logits_only=True, capture=row.reads)
+        self.cache.add(row.id, prefilled)
+        if row.drafter:
+            row.drafter.start(prompt, features)
+        self.active.append(row)
+        self.reserved += row.slots
+        row.stats.prefill_s += self.clock.lap()
+
+    def _leave(self, row: Row) -> None:
+        self.active.remove(row)
+        self.reserved -= row.slots
+        self.cache.drop(row.id)
+        row.done = True
+
+
+def tokens_device(model: Decoder) -> torch.device:
+    return model.embed.weight.device
+
+
 def decode(model: Decoder, prompt_ids: list[int], params: SamplingParams, max_new_tokens: int,
            eos_token_ids: frozenset[int] = frozenset(), stats: DecodeStats | None = None,
            proposer: Callable[[Draws, int], Proposer] | None = None) -> Iterator[list[int]]:
-    """Yield the tokens each round accepts, until EOS (included), `max_new_tokens` or the context limit.
-
-    `proposer(draws, capacity)` makes the round's drafter (None: vanilla decoding). `stats` is
-    filled in as the loop runs; closing the iterator early (stop strings) is allowed.
-    """
-    check_max_new_tokens(max_new_tokens)
-    check_prompt(model, prompt_ids)
-    stats = stats if stats is not None else DecodeStats()
-    device = model.embed.weight.device
-    draws = Draws(params.generator(device))
-    context = model.config.max_position_embeddings
-    capacity = min(len(prompt_ids) + max_new_tokens, context)
-    drafter = proposer(draws, capacity) if proposer else None
-    cache = model.new_cache(capacity + (drafter.shape.max_nodes if drafter else 0))
-    clock = Clock(device)
-    prompt = torch.tensor([prompt_ids], device=device)
-    reads = drafter.reads if drafter else ()
-    features = None  # a one-token prompt has nothing to prefill
-    if len(prompt_ids) > 1:
-        _logits, features = model(prompt[:, :-1], cache, last_logits_only=True, capture=reads)
-    if drafter:
-        drafter.start(prompt_ids, features)
-    stats.prefill_s += clock.lap()
-    root = prompt_ids[-1]
-    tree = DraftTree()
-    while True:
-        if cache.length + 1 > capacity:
-            stats.finish_reason = "context"
-            return
-        if drafter:
-            # deeper nodes could not be accepted (max_new_tokens) or have no position (context)
-            depth = min(max_new_tokens - stats.new_tokens, context - cache.length) - 1
-            tree = drafter.propose(depth).prune(cache.capacity - cache.length - 1, depth)
-            stats.draft_s += clock.lap()
-        tokens, mask, positions = tree.verify_inputs(root, cache.length, device)
-        logits, features = model(tokens, cache, positions, mask, capture=reads)
-        if tree.extra is not None:
-            drafter.observe(logits[0, 1 + len(tree):])
-        path, bonus = verify(tree, logits[0, :1 + len(tree)], params, draws)
-        stats.target_forwards += 1
-        stats.count_round(tree, path)
-        kept = [0, *(i + 1 for i in path)]
-        cache.keep(kept)
-        accepted = [*(tree.tokens[i] for i in path), bonus][: max_new_tokens - stats.new_tokens]
-        for i, token in enumerate(accepted):
-            if token in eos_token_ids:
-                accepted = accepted[: i + 1]
-                stats.finish_reason = "eos"
-                break
-        stats.new_tokens += len(accepted)
-        for i in path[:len(accepted)] if tree.sources else ():
-            stats.sources[tree.sources[i]] = stats.sources.get(tree.sources[i], 0) + 1
-        if not stats.finish_reason and stats.new_tokens == max_new_tokens:
-            stats.finish_reason = "length"
-        if drafter and not stats.finish_reason:
-            drafter.accept(accepted, features[:, kept])
-        stats.verify_s += clock.lap()
-        yield accepted
-        clock.lap()  # the consumer's time is not ours
-        if stats.finish_reason:
-            return
-        root = accepted[-1]
-
+    """Yield the tokens each round accepts, until EOS (included), `max_new_tokens` or the context limit:
+    one row through the `Scheduler`. `proposer(draws, capacity)` makes the round's drafter (None:
+    vanilla decoding). `stats` is filled in as the loop runs; closing the iterator early (stop
+    strings) is allowed."""
+    request = Request(prompt_ids, params, max_new_tokens, eos_token_ids, proposer,
+                      stats if stats is not None else DecodeStats())
+    row = Row(model, request, 0)
+    scheduler = Scheduler(model, row.slots)
+    scheduler.enqueue(row)
+    while not row.done:
+        for _, accepted in scheduler.step():
+            yield accepted
