@@ -29,6 +29,7 @@ class RowCache(KVCache):
         super().__init__(config, capacity, 1, dtype, device)
         self.owner = torch.full((capacity,), -1, dtype=torch.long, device=device)
         self.lengths: dict[int, int] = {}
+        self._written: list[int] = []  # the row of each slot the last forward wrote
 
     def add(self, row: int, prefilled: KVCache) -> None:
         """Append a new row whose committed tokens are `prefilled`'s (a cache it was prefilled in
@@ -42,7 +43,7 @@ class RowCache(KVCache):
         self.v[:, :, :, start:start + n] = prefilled.v[:, :, :, :n]
         self.owner[start:start + n] = row
         self.lengths[row] = n
-        self.length, self.written = start + n, 0
+        self.length, self.written, self._written = start + n, 0, []
 
     def prepare(self, blocks: list[tuple[int, Tensor | None]]) -> Tensor | None:
         """Before a forward over several rows' new tokens, block after block: mark the slots it will
@@ -57,6 +58,7 @@ class RowCache(KVCache):
         for (row, _), m in zip(blocks, sizes):
             self.owner[first:first + m] = row
             first += m
+        self._written = [row for (row, _), m in zip(blocks, sizes) for _ in range(m)]  # each written slot's row
         if len(blocks) == 1 and blocks[0][1] is None and start == self.lengths[blocks[0][0]]:
             return None
         mask = torch.zeros(T, start + T, dtype=torch.bool, device=self.owner.device)
@@ -70,12 +72,14 @@ class RowCache(KVCache):
     def keep(self, indices: list[int]) -> None:
         """Keep an ordered subset of the slots the last forward wrote (each row's accepted tokens)."""
         start, end = self.length - self.written, self.length
-        owners = self.owner[start + torch.tensor(indices, dtype=torch.long, device=self.owner.device)]
+        owners = [self._written[i] for i in indices]
         super().keep(indices)
-        self.owner[start:self.length] = owners
+        if indices != list(range(len(indices))):  # a prefix keeps its owners in place
+            self.owner[start:self.length] = torch.tensor(owners, dtype=torch.long, device=self.owner.device)
         self.owner[self.length:end] = -1
-        for row in owners.tolist():
+        for row in owners:
             self.lengths[row] += 1
+        self._written = owners
 
     def drop(self, row: int) -> None:
         """Remove a row and its slots; the slots after them move down, in order."""
@@ -87,5 +91,5 @@ class RowCache(KVCache):
             self.v[:, :, :, :n] = self.v[:, :, :, kept]
             self.owner[:n] = self.owner[kept]
         self.owner[n:length] = -1
-        self.length, self.written = n, 0
+        self.length, self.written, self._written = n, 0, []
         del self.lengths[row]
