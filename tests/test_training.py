@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from safetensors import safe_open
 
 from eaglespec.errors import EaglespecError, InvalidArgumentError
 from eaglespec.heads.checkpoint import HeadMismatchError, load_head, save_head
@@ -90,10 +91,22 @@ def test_an_extraction_of_grown_data_reuses_the_shards_that_hold_the_same_conver
     fresh = extract(tiny, ExtractConfig(source=str(dataset), **common), tmp_path / "fresh")
     summary = extract(tiny, ExtractConfig(source=str(dataset), **common), tmp_path / "after", reuse=tmp_path / "before")
     before = sorted((tmp_path / "before").glob("shard-*"))
-    assert 0 < summary["reused_shards"] == len(before) - 1  # every full shard; the partial one is redone
-    assert {k: v for k, v in summary.items() if k != "reused_shards"} == fresh
+    assert 0 < summary["reused_shards"] == len(before) - 1  # every full shard linked
+    with safe_open(str(before[-1]), "pt") as partial:  # and the partial one's sequences copied into a new one
+        assert summary["copied_sequences"] == len(partial.get_tensor("offsets")) - 1 > 0
+    assert {k: v for k, v in summary.items() if k not in ("reused_shards", "copied_sequences")} == fresh
     assert (tmp_path / "after" / before[0].name).stat().st_ino == before[0].stat().st_ino  # linked
     after, reference = FeatureSet(tmp_path / "after"), FeatureSet(tmp_path / "fresh")
+    assert len(after) == len(reference)
+    for i in range(len(after)):
+        assert all(torch.equal(after[i][k], reference[i][k]) for k in reference[i])
+    # a mix whose shares changed interleaves the sources anew: no shard is the same, every
+    # sequence extracted before is copied, and the features are those of a fresh extraction
+    mix = dict(common, source=f"{small}:1,{dataset}:1")
+    extract(tiny, ExtractConfig(**mix), tmp_path / "mix-fresh")
+    grown = extract(tiny, ExtractConfig(**mix), tmp_path / "mix", reuse=tmp_path / "fresh")
+    assert grown["reused_shards"] == 0 and grown["copied_sequences"] == len(FeatureSet(tmp_path / "mix"))
+    after, reference = FeatureSet(tmp_path / "mix"), FeatureSet(tmp_path / "mix-fresh")
     assert len(after) == len(reference)
     for i in range(len(after)):
         assert all(torch.equal(after[i][k], reference[i][k]) for k in reference[i])

@@ -170,12 +170,35 @@ def _reuse_shard(earlier: Path, path: Path, rendered: list[tuple[list[int], list
     return True
 
 
+def _sequence_key(tokens: torch.Tensor, loss_mask: torch.Tensor) -> tuple[bytes, bytes]:
+    return tokens.numpy().tobytes(), loss_mask.numpy().tobytes()
+
+
+def _sequences(earlier: Path) -> dict[tuple[bytes, bytes], tuple[Path, int, int]]:
+    """An extraction's sequences by (token ids, loss mask): (shard, first row, end row)."""
+    found = {}
+    for shard in sorted(earlier.glob("shard-*.safetensors")):
+        if shard.stat().st_size:
+            with safe_open(str(shard), "pt") as f:
+                tokens, masks, offsets = f.get_tensor("tokens"), f.get_tensor("loss_mask"), f.get_tensor("offsets")
+            for a, b in zip(offsets[:-1].tolist(), offsets[1:].tolist()):
+                found[_sequence_key(tokens[a:b], masks[a:b])] = (shard, a, b)
+    return found
+
+
+def _read_sequence(shard: Path, a: int, b: int) -> dict[str, torch.Tensor]:
+    """One sequence's rows of every per-token tensor of a shard."""
+    with safe_open(str(shard), "pt") as f:
+        return {key: f.get_slice(key)[a:b] for key in f.keys() if key != "offsets"}
+
+
 def extract(target: Target, config: ExtractConfig, out: Path, rank: int = 0, world: int = 1,
             reuse: Path | str | None = None) -> dict:
     """Extract the features of a split into `out`; returns a summary. Resumable and idempotent.
     `reuse`: an earlier extraction of the same target (model, dtype, layers) whose shards are taken
     as they are wherever they hold exactly the sequences of this one's (e.g. the first shards of a
-    source that has grown since)."""
+    source that has grown since), and whose sequences are copied wherever this one has them
+    elsewhere (a mix of sources whose shares changed interleaves them anew)."""
     out = Path(out)
     if reuse is not None:
         found = json.loads((Path(reuse) / "manifest.json").read_text()) if (Path(reuse) / "manifest.json").is_file() else {}
@@ -201,7 +224,8 @@ def extract(target: Target, config: ExtractConfig, out: Path, rank: int = 0, wor
     remaining = sum(len(conversations[k * config.shard_size:(k + 1) * config.shard_size]) for k in todo)
     bar = tqdm(total=int(per_conversation * remaining), unit="tok", unit_scale=True,
                desc=f"extracting {config.split}", disable=rank != 0)
-    skipped = reused = 0
+    skipped = reused = copied = 0
+    earlier = _sequences(Path(reuse)) if reuse is not None else {}
     for k in todo:
         rows, shard_start = [], work_seconds(target.model.weight_like.device)
         rendered = [render(target.tokenizer, c, config.max_len, config.answer_tokens)
@@ -216,9 +240,13 @@ def extract(target: Target, config: ExtractConfig, out: Path, rank: int = 0, wor
             continue
         for ids, mask in kept:
             bar.update(len(ids))
-            rows.append({"tokens": torch.tensor(ids, dtype=torch.int32),
-                         "loss_mask": torch.tensor(mask, dtype=torch.uint8),
-                         **target_outputs(target, ids, config.aux_layers)})
+            tokens, loss_mask = torch.tensor(ids, dtype=torch.int32), torch.tensor(mask, dtype=torch.uint8)
+            if (found := earlier.get(_sequence_key(tokens, loss_mask))) is not None:
+                rows.append(_read_sequence(*found))
+                copied += 1
+            else:
+                rows.append({"tokens": tokens, "loss_mask": loss_mask,
+                             **target_outputs(target, ids, config.aux_layers)})
         if rows:
             _write_shard(out / f"shard-{k:05d}.safetensors", rows,
                          work_seconds(target.model.weight_like.device) - shard_start)
@@ -226,7 +254,7 @@ def extract(target: Target, config: ExtractConfig, out: Path, rank: int = 0, wor
             (out / f"shard-{k:05d}.safetensors").touch()  # an empty shard: nothing to redo
     bar.close()
     return {"conversations": len(conversations), "shards": shards, "skipped_empty": skipped,
-            **({"reused_shards": reused} if reuse is not None else {})}
+            **({"reused_shards": reused, "copied_sequences": copied} if reuse is not None else {})}
 
 
 class FeatureSet:
