@@ -88,6 +88,8 @@ def plot(summary: dict, path: Path) -> None:
     right.set(xlabel="batch size", ylabel="x vanilla at the same batch size", xscale="log", xticks=sizes,
               xticklabels=sizes, title="speedup (the paper's Table 7 form)")
     right.axhline(1.0, color="grey", lw=0.8)
+    for axis in (left, right):
+        axis.minorticks_off()
     left.legend()
     fig.suptitle(f"{summary['model']}, {summary['dataset']} ({summary['items']} items), greedy, bf16, "
                  f"{summary['machine'].get('cpu', '')}", fontsize=9)
