@@ -97,14 +97,16 @@ void attend(const torch::Tensor& q, const torch::Tensor& k, const torch::Tensor&
 
 #if defined(__AVX512F__) && defined(__AVX512BW__) && defined(__AVX512VL__)
 // The same contract with AVX-512 (F, BW, VL), in two passes, for any D <= 256:
-// 1. scores s[r, j] = (scale q_r) . k_j for every row and every key, masked or not: 16 keys at a
+// 1. scores s[r, j] = (scale q_r) . k_j for every row and every key, masked or not, but for the blocks
+//    of 16 keys that a row does not see at all (a batch's rows see only their own keys): 16 keys at a
 //    time, read in cache order; per key one fp32 chain over the 16-wide chunks of d, then its 16
 //    lanes summed by one fixed tree (a function of q_r and k_j alone);
 // 2. per row, over its visible keys: the max, e_j = exp(s_j - max) by one fixed polynomial (0 for a
 //    key it does not see), the normalizer summed in lanes chosen by the visible key's index among
 //    the visible ones, and out = sum_j e_j v_j as one chain per output over the keys in slot order,
-//    where the keys it does not see add exact zeros. Rows of a kv head run four at a time against
-//    each value, each row's chains the same as alone.
+//    where the keys it does not see add exact zeros (skipped, blocks of 16 that none of the four
+//    rows sees). Rows of a kv head run four at a time against each value, each row's chains the same
+//    as alone.
 // So a row's numbers depend on its query and its visible keys, in order, alone.
 
 inline __m512 load16(const float* p, __mmask16 m) { return _mm512_maskz_loadu_ps(m, p); }
@@ -184,14 +186,24 @@ inline void block_scores(const __m512* q, const __m512* kf, float* s) {
   _mm512_storeu_ps(s, sum16(p));
 }
 
-// R rows' outputs over D = 16 * CHUNKS (zero-padded) lanes: acc[r][c] += e[r][j] v_j, keys in order.
+// R rows' outputs over D = 16 * CHUNKS (zero-padded) lanes: acc[r][c] += e[r][j] v_j, keys in order,
+// each row past the blocks of 16 keys it does not see (`live[block]`: bit r set where row r sees one of
+// the block's keys; null: every row every block), whose weights are exact zeros.
 template <typename T, int64_t CHUNKS, int R>
 inline void weighted_values(const float* const* e, const T* vbase, int64_t vstride, int64_t S,
-                            const __mmask16* lanes, float* const* out) {
+                            const __mmask16* lanes, const unsigned char* live, float* const* out) {
   __m512 acc[R][CHUNKS];
   for (int r = 0; r < R; ++r)
     for (int64_t c = 0; c < CHUNKS; ++c) acc[r][c] = _mm512_setzero_ps();
+  unsigned rows = (1u << R) - 1;
   for (int64_t j = 0; j < S; ++j) {
+    if (live && j % 16 == 0) {
+      rows = live[j / 16];
+      if (!rows) {
+        j += 15;
+        continue;
+      }
+    }
     const T* value = vbase + j * vstride;
     for (int64_t l = 0; l < CHUNKS * 16 * int64_t(sizeof(T)); l += 64)  // values 32 keys ahead
       _mm_prefetch(reinterpret_cast<const char*>(value + 32 * vstride) + l, _MM_HINT_T0);
@@ -199,7 +211,8 @@ inline void weighted_values(const float* const* e, const T* vbase, int64_t vstri
     for (int r = 0; r < R; ++r) weight[r] = _mm512_set1_ps(e[r][j]);
     for (int64_t c = 0; c < CHUNKS; ++c) {
       const __m512 x = load16(value + 16 * c, lanes[c]);
-      for (int r = 0; r < R; ++r) acc[r][c] = _mm512_fmadd_ps(weight[r], x, acc[r][c]);
+      for (int r = 0; r < R; ++r)
+        if (rows >> r & 1) acc[r][c] = _mm512_fmadd_ps(weight[r], x, acc[r][c]);
     }
   }
   for (int r = 0; r < R; ++r)
@@ -226,10 +239,16 @@ void attend512(const torch::Tensor& q, const torch::Tensor& k, const torch::Tens
     for (int64_t item = begin; item < end; ++item) {
       const int64_t bh = item / blocks, block = item % blocks, b = bh / H, h = bh % H;
       const int64_t j0 = block * 16, n = S - j0 < 16 ? S - j0 : 16;
+      // a block no row sees has no score to compute (the rows of a batch see only their own keys)
+      const bool* rows_mask = o.mask ? o.mask + b * o.mask_batch : nullptr;
+      bool any = !rows_mask;
+      for (int64_t r = 0; r < M && !any; ++r) any = seen(rows_mask + r * S, j0, S) != 0;
+      if (!any) continue;
       load_keys<T, CHUNKS>(o.k + b * o.ks[0] + h * o.ks[1] + j0 * o.ks[2], o.ks[2], n, lanes, kf.data());
       const T* qbase = o.q + b * o.qs[0] + h * o.qs[1];
       float* sbase = scores.data() + bh * M * ld + j0;
       for (int64_t r = 0; r < M; ++r) {
+        if (rows_mask && !seen(rows_mask + r * S, j0, S)) continue;  // nor a row that does not see it
         for (int64_t c = 0; c < CHUNKS; ++c)
           query[c] = _mm512_mul_ps(load16(qbase + r * o.qs[2] + 16 * c, lanes[c]), _mm512_set1_ps(sc));
         block_scores<CHUNKS>(query, kf.data(), sbase + r * ld);
@@ -244,6 +263,7 @@ void attend512(const torch::Tensor& q, const torch::Tensor& k, const torch::Tens
   const int64_t groups = (M + 3) / 4;
   at::parallel_for(0, B * H * groups * PARTS, 1, [&](int64_t begin, int64_t end) {
     std::vector<float> sums(4 * 16 * PART), packed(S + 16), weights(4 * ld);
+    std::vector<unsigned char> live(blocks);  // per block of 16 keys: which rows of the group see it
     for (int64_t item = begin; item < end; ++item) {
       const int64_t part = item % PARTS, group = item / PARTS;
       const int64_t bh = group / groups, r0 = (group % groups) * 4, b = bh / H, h = bh % H;
@@ -263,24 +283,38 @@ void attend512(const torch::Tensor& q, const torch::Tensor& k, const torch::Tens
         int64_t count = 0;  // the row's visible weights, packed in key order: lane = index % 16
         for (int64_t j = 0; j < S; j += 16) {
           const __mmask16 m = seen(visible, j, S);
+          if (!m) {  // a block the row does not see: zero weights
+            _mm512_storeu_ps(e[r] + j, _mm512_setzero_ps());
+            continue;
+          }
           const __m512 w = _mm512_maskz_mov_ps(m, exp16(_mm512_sub_ps(_mm512_loadu_ps(row_scores + j), peak)));
           _mm512_storeu_ps(e[r] + j, w);  // zeros past S and where the row does not see the key
-          _mm512_mask_compressstoreu_ps(packed.data() + count, m, w);
+          // compressed in a register, then stored whole (the buffer has 16 floats to spare): a compressing
+          // store to memory is microcoded and slow on AMD Zen 4
+          _mm512_storeu_ps(packed.data() + count, _mm512_maskz_compress_ps(m, w));
           count += _mm_popcnt_u32(m);
         }
         __m512 total = _mm512_setzero_ps();
         for (int64_t i = 0; i < count; i += 16) total = _mm512_add_ps(total, _mm512_maskz_loadu_ps(first(count - i), packed.data() + i));
         totals[r] = _mm512_reduce_add_ps(total);
       }
+      if (o.mask) {
+        for (int64_t block = 0; block < blocks; ++block) {
+          live[block] = 0;
+          for (int64_t r = 0; r < R; ++r)
+            live[block] |= (seen(o.mask + b * o.mask_batch + (r0 + r) * S, block * 16, S) != 0) << r;
+        }
+      }
+      const unsigned char* live_blocks = o.mask ? live.data() : nullptr;
       float* acc[4] = {sums.data(), sums.data() + 16 * PART, sums.data() + 32 * PART, sums.data() + 48 * PART};
       const int64_t d0 = part * PART * 16, d1 = std::min(D, d0 + PART * 16);  // this half's output lanes
       const T* vbase = o.v + b * o.vs[0] + h * o.vs[1] + d0;
       const __mmask16* part_lanes = lanes + part * PART;
       switch (R) {
-        case 4: weighted_values<T, PART, 4>(e, vbase, o.vs[2], S, part_lanes, acc); break;
-        case 3: weighted_values<T, PART, 3>(e, vbase, o.vs[2], S, part_lanes, acc); break;
-        case 2: weighted_values<T, PART, 2>(e, vbase, o.vs[2], S, part_lanes, acc); break;
-        default: weighted_values<T, PART, 1>(e, vbase, o.vs[2], S, part_lanes, acc); break;
+        case 4: weighted_values<T, PART, 4>(e, vbase, o.vs[2], S, part_lanes, live_blocks, acc); break;
+        case 3: weighted_values<T, PART, 3>(e, vbase, o.vs[2], S, part_lanes, live_blocks, acc); break;
+        case 2: weighted_values<T, PART, 2>(e, vbase, o.vs[2], S, part_lanes, live_blocks, acc); break;
+        default: weighted_values<T, PART, 1>(e, vbase, o.vs[2], S, part_lanes, live_blocks, acc); break;
       }
       for (int64_t r = 0; r < R; ++r) {
         T* orow = o.out + b * o.os[0] + h * o.os[1] + (r0 + r) * o.os[2];  // a row that sees no key gets zeros
