@@ -195,13 +195,20 @@ def test_cancelling_a_row_leaves_the_others_unchanged(smollm2, make, vanilla):
     assert 0 < len(outs[1]) < 40 and outs[1] == vanilla[1][:len(outs[1])]
 
 
-def test_scheduler_bad_input(smollm2):
+def test_scheduler_bad_input(smollm2, make):
     with pytest.raises(InvalidArgumentError, match="batch size must be >= 1"):
         Scheduler(smollm2.model, 64, 0)
     scheduler = Scheduler(smollm2.model, 64, 2)
     with pytest.raises(InvalidArgumentError, match="needs 110 cache slots"):
         scheduler.submit(Request([1] * 10, SamplingParams(), 100))
     assert scheduler.idle
+    # an EAGLE-3 head reads other target layers than an EAGLE-1 head: refused when submitted
+    greedy, scheduler = SamplingParams(), Scheduler(smollm2.model, 512, 2)
+    scheduler.submit(Request([1] * 10, greedy, 8, proposer=make("eagle:chain:4").bind(smollm2, greedy)))
+    with pytest.raises(InvalidArgumentError, match="same target layers"):
+        scheduler.submit(Request([1] * 10, greedy, 8, proposer=make("eagle3-random:eagle1").bind(smollm2, greedy)))
+    scheduler.submit(Request([1] * 10, greedy, 8))  # vanilla rows go with any
+    assert len(scheduler.queue) == 2
 
 
 @pytest.mark.parametrize("spec", ["eagle:eagle1", "sps:4", "pld:4", "hybrid", "lookahead"])

@@ -150,7 +150,8 @@ class Scheduler:
     `submit(request)` queues a request and returns its `Row`; `step()` admits queued rows while a
     row and cache slots are free (first come, first served; a row reserves its prompt, its
     `max_new_tokens` and its largest draft tree), runs one round and returns the tokens each row
-    accepted; `cancel(row)` ends a row and frees its slots. A request that could never fit is
+    accepted; `cancel(row)` ends a row and frees its slots. A request that could never fit, or
+    whose drafter reads other target layers than the rows' drafters (EAGLE-3 beside EAGLE-1), is
     refused when submitted. Vanilla decoding is the round with no drafter: it verifies the root
     alone and accepts one token."""
 
@@ -173,6 +174,10 @@ class Scheduler:
             raise InvalidArgumentError(
                 f"the request needs {row.slots} cache slots (prompt, max_new_tokens and draft tree) and the "
                 f"batch's cache holds {self.cache.capacity}; lower max_new_tokens or make the cache larger")
+        others = {other.reads for other in (*self.queue, *self.active) if other.drafter}
+        if row.drafter and others and others != {row.reads}:
+            raise InvalidArgumentError("rows decoded together must draft from the same target layers "
+                                       f"({row.reads} against {sorted(others)}); decode them in separate batches")
         self.queue.append(row)
         return row
 
@@ -197,14 +202,11 @@ class Scheduler:
         while self.queue and len(self.active) < self.max_rows and self.reserved + self.queue[0].slots <= self.cache.capacity:
             self._admit(self.queue.popleft())
         context = self.model.config.max_position_embeddings
-        rows = []
-        for row in self.active:
-            if self.cache.lengths[row.id] + 1 > row.capacity:
+        for row in list(self.active):
+            if self.cache.lengths[row.id] + 1 > row.capacity:  # no room for the round's root
                 row.stats.finish_reason = "context"
-            else:
-                rows.append(row)
-        for row in [r for r in self.active if r not in rows]:
-            self._leave(row)
+                self._leave(row)
+        rows = list(self.active)
         if not rows:
             return []
         trees, blocks, tokens, positions = [], [], [], []
@@ -221,11 +223,7 @@ class Scheduler:
             blocks.append((row.id, mask))
             tokens.append(ids)
             positions.append(offsets + length)
-        reads = {row.reads for row in rows if row.drafter}
-        if len(reads) > 1:
-            raise InvalidArgumentError("rows decoded together must draft from the same target layers "
-                                       f"(got {sorted(reads)}); decode them in separate batches")
-        reads = reads.pop() if reads else ()
+        reads = next((row.reads for row in rows if row.drafter), ())  # the same for every drafter (enqueue)
         mask = self.cache.prepare(blocks)
         logits, features = self.model(torch.cat(tokens, 1), self.cache, torch.cat(positions, 1), mask, capture=reads)
         forward_s = self.clock.lap()
