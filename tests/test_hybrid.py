@@ -10,9 +10,10 @@ from eaglespec.decoding.hybrid import Calibration, HybridProposer, match_class
 from eaglespec.decoding.methods import Hybrid, method_needs, parse_method
 from eaglespec.decoding.ngram_index import KEY, NgramIndex
 from eaglespec.errors import InvalidArgumentError
+from eaglespec.models.costs import VerifyCosts
 
-FLAT = [0.0] + [1.0 + 0.001 * n for n in range(1, 70)]  # a forward of many tokens costs about one token
-STEEP = [0.0] + [float(n) for n in range(1, 70)]  # forwards cost in proportion to their tokens
+FLAT = VerifyCosts([0.0] + [1.0 + 0.001 * n for n in range(1, 70)])  # a forward of many tokens costs about one token
+STEEP = VerifyCosts([0.0] + [float(n) for n in range(1, 70)])  # forwards cost in proportion to their tokens
 
 
 def test_continuations_are_the_longest_matches_scored_by_share():

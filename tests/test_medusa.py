@@ -16,6 +16,7 @@ from eaglespec.decoding.methods import Medusa, method_needs, parse_method
 from eaglespec.errors import InvalidArgumentError
 from eaglespec.heads.checkpoint import HeadMismatchError, load_head, save_head
 from eaglespec.heads.head import MedusaHead, make_head
+from eaglespec.models.costs import VerifyCosts
 
 
 def test_fresh_heads_give_the_targets_own_logits_and_unroll_as_training_reads(smollm2):
@@ -75,7 +76,7 @@ def test_a_head_of_the_wrong_kind_is_refused(shipped, random_medusa):
 
 def test_candidates_are_the_best_paths_by_probability_product_and_every_prefix_is_a_tree(smollm2, random_medusa):
     c = smollm2.model.config
-    proposer = MedusaProposer(random_medusa, None, Calibration(), [0.0] + [1.0] * 40)
+    proposer = MedusaProposer(random_medusa, None, Calibration(), VerifyCosts([0.0] + [1.0] * 40))
     proposer.start([1, 2, 3], torch.randn(1, 2, c.hidden_size))
     paths, scores, tokens = proposer.candidates(3)
     probs = torch.softmax(random_medusa.logits(random_medusa(proposer.feature)).float(), -1)
@@ -99,7 +100,7 @@ def test_candidates_are_the_best_paths_by_probability_product_and_every_prefix_i
     memory, (a, p) = Calibration.MEMORY, Calibration.PRIOR
     assert proposer.calibration.factor(("medusa",)) == pytest.approx((memory * a + 1) / (memory * p + predicted))
     # where nothing pays, the heads rest: PROBE - 1 plain rounds, then the best node verified to measure again
-    steep = MedusaProposer(random_medusa, None, Calibration(), [float(n) for n in range(40)])
+    steep = MedusaProposer(random_medusa, None, Calibration(), VerifyCosts([float(n) for n in range(40)]))
     steep.start([1, 2, 3], torch.randn(1, 2, c.hidden_size))
     calls = []
     real = steep.candidates

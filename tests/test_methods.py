@@ -24,6 +24,7 @@ from eaglespec.decoding.prompt_lookup import ChainSize, PromptLookupProposer
 from eaglespec.decoding.sampling import SamplingParams
 from eaglespec.errors import InvalidArgumentError
 from eaglespec.heads.head import Eagle3Head, EagleHead
+from eaglespec.models.costs import VerifyCosts
 
 PROMPTS = [
     "Write a Python function that checks whether a number is prime.",
@@ -320,12 +321,12 @@ def test_sized_prompt_lookup_verifies_what_pays_on_the_cost_curve(monkeypatch):
     flat = [0.0] + [1.0 + 0.001 * n for n in range(1, 12)]  # a forward of 11 tokens costs about one token
     steep = [0.0] + [float(n) for n in range(1, 12)]  # forwards cost in proportion to their tokens
     monkeypatch.undo()  # (the autouse fixture's sizes in turn)
-    pld = PromptLookupProposer(num_tokens=6, verify_costs=flat)
+    pld = PromptLookupProposer(num_tokens=6, verify_costs=VerifyCosts(flat))
     pld.start(history, None)
     assert pld.propose(10).tokens == [6, 7, 8, 9, 10, 11]  # worth verifying whole
     pld.accept([6, 7, 8, 12], None)  # three accepted, the fourth rejected
     assert pld.sizing.tried[:5] == [2, 2, 2, 2, 1] and pld.sizing.hits[:5] == [1.5, 1.5, 1.5, 0.5, 0.5]
-    pld = PromptLookupProposer(num_tokens=6, verify_costs=steep)
+    pld = PromptLookupProposer(num_tokens=6, verify_costs=VerifyCosts(steep))
     pld.start(history, None)
     sizes = [len(pld.propose(10)) for _ in range(ChainSize.PROBE)]
     assert sizes == [0] * (ChainSize.PROBE - 1) + [1]  # plain rounds; the eighth drafts one token to measure

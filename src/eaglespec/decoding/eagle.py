@@ -23,12 +23,13 @@ from eaglespec.decoding.sampling import Draws, SamplingParams, warp
 from eaglespec.decoding.tree import DraftTree, TreeShape
 from eaglespec.errors import InvalidArgumentError
 from eaglespec.heads.head import DraftHead
+from eaglespec.models.costs import VerifyCosts
 from eaglespec.timing import Clock
 
 
 class EagleProposer:
     def __init__(self, head: DraftHead, shape: TreeShape, params: SamplingParams, draws: Draws, capacity: int,
-                 verify_costs: list[float] | None = None, earlier: AutoSize | None = None):
+                 verify_costs: VerifyCosts | None = None, earlier: AutoSize | None = None):
         """`verify_costs` (the target's `Decoder.verify_costs()`) sizes the `auto` tree, starting from
         what an `earlier` generation's sizing learned."""
         if head.input_variant != "feature+shifted-token":
@@ -242,12 +243,12 @@ class AutoSize:
     MEMORY = 0.9
     CALIBRATION_MEMORY = 0.98  # per drafting round, of the sums behind the calibration
 
-    def __init__(self, verify_costs: list[float], earlier: AutoSize | None = None):
-        self.costs = list(verify_costs)
+    def __init__(self, verify_costs: VerifyCosts, earlier: AutoSize | None = None):
+        self.costs = verify_costs
         self.accepted, self.predicted = 1.0, 1.0  # decaying sums behind the calibration
         # (tokens, seconds) of drafting rounds and of rounds without a draft, each sum decaying by MEMORY
         # per round of its kind, both starting as one round of vanilla decoding
-        self.drafted = [1.0, max(verify_costs[1], 1e-6)]
+        self.drafted = [1.0, max(verify_costs.table[1], 1e-6)]
         self.plain = list(self.drafted)
         self.drafting = True  # whether this round drafts
         self.plain_rounds = 0  # rounds without a draft since the last drafting one
@@ -333,14 +334,14 @@ class AutoSize:
         if n >= limit:
             return []
         spent = now - self.round_start
-        value = (1 + self.calibration * expected) / (spent + self.costs[n + 1])
+        value = self.costs.rate(1 + self.calibration * expected, n + 1, spent)
         chosen = set(order[:n])
         kept = []
         for c in candidates:
             if c not in chosen:
                 continue
             guess = math.exp(2 * scores[c] - (scores[parents[c]] if parents[c] >= 0 else 0.0))
-            grown = (1 + self.calibration * (expected + guess)) / (spent + self.level_time + self.costs[n + 2])
+            grown = self.costs.rate(1 + self.calibration * (expected + guess), n + 2, spent + self.level_time)
             if grown > value:
                 kept.append(c)
         return kept
@@ -361,14 +362,15 @@ class AutoSize:
                 f"drafting round, {len(self.sizes)} of {len(self.sizes) + self.plain_total} rounds drafting)")
 
 
-def best_prefix(expected: list[float], costs: list[float], spent: float, plain: bool = False) -> tuple[int, float]:
+def best_prefix(expected: list[float], costs: VerifyCosts, spent: float, plain: bool = False) -> tuple[int, float]:
     """The n first draft nodes (best first, each with its expected acceptance, a tree at every
-    prefix) whose verification maximizes the round's expected tokens per second, (1 + their sum)
-    / (`spent` + costs[n + 1]), and that sum; at least one node unless `plain` (n = 0) may win."""
-    best, best_value, best_sum, total = 0, 1 / (spent + costs[1]) if plain else -1.0, 0.0, 0.0
+    prefix) whose verification maximizes the round's expected tokens per second (`costs.rate` of
+    1 + their sum, n + 1 tokens and `spent` seconds drafting), and that sum; at least one node
+    unless `plain` (n = 0) may win."""
+    best, best_value, best_sum, total = 0, costs.rate(1, 1, spent) if plain else -1.0, 0.0, 0.0
     for n, e in enumerate(expected, 1):
         total += e
-        value = (1 + total) / (spent + costs[n + 1])
+        value = costs.rate(1 + total, n + 1, spent)
         if value > best_value:
             best, best_value, best_sum = n, value, total
     return best, best_sum

@@ -28,6 +28,7 @@ from torch import Tensor
 from eaglespec.decoding.eagle import EagleProposer, best_prefix
 from eaglespec.decoding.ngram_index import NgramIndex
 from eaglespec.decoding.tree import DraftTree, parse_tree
+from eaglespec.models.costs import VerifyCosts
 from eaglespec.timing import Clock
 
 SOURCES = ("eagle", "lookup", "suffix")
@@ -68,7 +69,7 @@ class Node:
 
 class HybridProposer:
     def __init__(self, eagle: EagleProposer | None, lookup: bool, cache: NgramIndex | None,
-                 calibration: Calibration, verify_costs: list[float]):
+                 calibration: Calibration, verify_costs: VerifyCosts):
         """`eagle`: an `auto` EAGLE proposer (None: no head); `lookup`: copy from this generation's
         text; `cache`: the suffix cache of earlier generations (None: none)."""
         self.eagle, self.cache, self.calibration, self.costs = eagle, cache, calibration, verify_costs

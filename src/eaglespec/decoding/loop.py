@@ -28,6 +28,7 @@ from eaglespec.decoding.sampling import Draws, SamplingParams
 from eaglespec.decoding.tree import DraftTree, TreeShape
 from eaglespec.decoding.verify import verify
 from eaglespec.errors import InvalidArgumentError, PromptTooLongError
+from eaglespec.models.costs import Beside
 from eaglespec.models.decoder import Decoder
 from eaglespec.models.row_cache import RowCache
 from eaglespec.timing import Clock
@@ -137,6 +138,12 @@ class Row:
         self.root = request.prompt_ids[-1]
         self.tokens: list[int] = []
         self.done = False
+        self.load = Beside(1, 1.0)  # this row's part of a round (its latest): tokens, accepted, draft seconds
+
+    def beside(self, rows: list[Row]) -> Beside:
+        """The other rows' part of this round (for those yet to draft, of their latest)."""
+        others = [row.load for row in rows if row is not self]
+        return Beside(sum(o.tokens for o in others), sum(o.accepted for o in others), sum(o.seconds for o in others))
 
     @property
     def reads(self) -> tuple[int, ...]:
@@ -209,6 +216,7 @@ class Scheduler:
         rows = list(self.active)
         if not rows:
             return []
+        costs = self.model.measured_costs  # what sizes drafts, where something measured it
         trees, blocks, tokens, positions = [], [], [], []
         for row in rows:
             length, stats = self.cache.lengths[row.id], row.stats
@@ -216,24 +224,30 @@ class Scheduler:
             if row.drafter:
                 # deeper nodes could not be accepted (max_new_tokens) or have no position (context)
                 depth = min(row.request.max_new_tokens - stats.new_tokens, context - length) - 1
+                if costs is not None:
+                    costs.beside = row.beside(rows)
                 tree = row.drafter.propose(depth).prune(row.slots - length - 1, depth)
-                stats.draft_s += self.clock.lap()
+                row.load.seconds = self.clock.lap()
+                stats.draft_s += row.load.seconds
             ids, mask, offsets = tree.verify_inputs(row.root, 0, tokens_device(self.model))
+            row.load.tokens = ids.shape[1]
             trees.append(tree)
             blocks.append((row.id, mask))
             tokens.append(ids)
             positions.append(offsets + length)
+        if costs is not None:
+            costs.beside = Beside()
         reads = next((row.reads for row in rows if row.drafter), ())  # the same for every drafter (enqueue)
         mask = self.cache.prepare(blocks)
         logits, features = self.model(torch.cat(tokens, 1), self.cache, torch.cat(positions, 1), mask, capture=reads)
         forward_s = self.clock.lap()
-        kept_all, results, first = [], [], 0
-        for row, tree, ids in zip(rows, trees, tokens):
+        starts = [0, *itertools.accumulate(ids.shape[1] for ids in tokens)]
+        verdicts = verify(trees, logits[0], starts[:-1], [row.request.params for row in rows], [row.draws for row in rows])
+        kept_all, results = [], []
+        for row, tree, first, last, (path, bonus) in zip(rows, trees, starts, starts[1:], verdicts):
             stats, request = row.stats, row.request
-            last = first + ids.shape[1]
             if tree.extra is not None:
                 row.drafter.observe(logits[0, first + 1 + len(tree):last])
-            path, bonus = verify(tree, logits[0, first:first + 1 + len(tree)], request.params, row.draws)
             stats.target_forwards += 1
             stats.count_round(tree, path)
             kept = [first, *(first + i + 1 for i in path)]
@@ -245,12 +259,12 @@ class Scheduler:
                     stats.finish_reason = "eos"
                     break
             stats.new_tokens += len(accepted)
+            row.load.accepted = stats.new_tokens / stats.target_forwards
             for i in path[:len(accepted)] if tree.sources else ():
                 stats.sources[tree.sources[i]] = stats.sources.get(tree.sources[i], 0) + 1
             if not stats.finish_reason and stats.new_tokens == request.max_new_tokens:
                 stats.finish_reason = "length"
             results.append((row, accepted, kept))
-            first = last
         self.cache.keep(kept_all)
         own_s = self.clock.lap()
         for row, accepted, kept in results:

@@ -26,6 +26,7 @@ from torch import Tensor
 from eaglespec.decoding.eagle import best_prefix
 from eaglespec.decoding.hybrid import Calibration
 from eaglespec.decoding.tree import DraftTree, TreeShape
+from eaglespec.models.costs import VerifyCosts
 from eaglespec.timing import Clock
 
 TOPK = 8  # candidate tokens per head
@@ -36,7 +37,7 @@ PROBE = 8  # after a round where no node paid, rounds until the next one that ru
 class MedusaProposer:
     reads: tuple[int, ...] = ()
 
-    def __init__(self, head, nodes: int | None, calibration: Calibration, verify_costs: list[float] | None):
+    def __init__(self, head, nodes: int | None, calibration: Calibration, verify_costs: VerifyCosts | None):
         """`head`: a `MedusaHead`; `nodes`: verify this many nodes (None: size each round on
         `verify_costs`, which is then required)."""
         self.head, self.nodes, self.calibration, self.costs = head, nodes, calibration, verify_costs

@@ -17,6 +17,7 @@ from torch import Tensor
 
 from eaglespec.decoding.tree import DraftTree, TreeShape, parse_tree
 from eaglespec.errors import InvalidArgumentError
+from eaglespec.models.costs import VerifyCosts
 
 
 class ChainSize:
@@ -30,19 +31,19 @@ class ChainSize:
 
     PROBE = 8
 
-    def __init__(self, verify_costs: list[float], depth: int):
+    def __init__(self, verify_costs: VerifyCosts, depth: int):
         self.costs = verify_costs
         self.tried, self.hits = [1.0] * depth, [0.5] * depth
         self.plain_rounds = 0
         self.sizes: list[int] = []
 
     def size(self, available: int) -> int:
-        best, value, expected, reach = 0, 1 / self.costs[1], 1.0, 1.0
+        best, value, expected, reach = 0, self.costs.rate(1, 1, 0.0), 1.0, 1.0
         for k in range(1, available + 1):
             reach *= self.hits[k - 1] / self.tried[k - 1]
             expected += reach
-            if expected / self.costs[k + 1] > value:
-                best, value = k, expected / self.costs[k + 1]
+            if self.costs.rate(expected, k + 1, 0.0) > value:
+                best, value = k, self.costs.rate(expected, k + 1, 0.0)
         self.plain_rounds = self.plain_rounds + 1 if best == 0 else 0
         if best == 0 and self.plain_rounds >= self.PROBE:
             best, self.plain_rounds = 1, 0
@@ -64,7 +65,7 @@ class ChainSize:
 
 class PromptLookupProposer:
     reads: tuple[int, ...] = ()  # the target's final features (which it ignores)
-    def __init__(self, num_tokens: int = 10, max_ngram: int = 2, verify_costs: list[float] | None = None):
+    def __init__(self, num_tokens: int = 10, max_ngram: int = 2, verify_costs: VerifyCosts | None = None):
         """`verify_costs` (the target's `Decoder.verify_costs()`): size each draft (`ChainSize`);
         None: verify the whole match."""
         if num_tokens < 1 or max_ngram < 1:
