@@ -138,12 +138,15 @@ class Row:
         self.root = request.prompt_ids[-1]
         self.tokens: list[int] = []
         self.done = False
-        self.load = Beside(1, 1.0)  # this row's part of a round (its latest): tokens, accepted, draft seconds
+        self.load = Beside(tokens=1)  # this row's part of a round (its latest): tokens and draft seconds
 
     def beside(self, rows: list[Row]) -> Beside:
-        """The other rows' part of this round (for those yet to draft, of their latest)."""
-        others = [row.load for row in rows if row is not self]
-        return Beside(sum(o.tokens for o in others), sum(o.accepted for o in others), sum(o.seconds for o in others))
+        """The other rows' part of this round (for those yet to draft, of their latest; tokens
+        accepted per round so far, one before their first)."""
+        others = [row for row in rows if row is not self]
+        return Beside(sum(o.load.tokens for o in others),
+                      sum(max(o.stats.new_tokens, 1) / max(o.stats.target_forwards, 1) for o in others),
+                      sum(o.load.seconds for o in others))
 
     @property
     def reads(self) -> tuple[int, ...]:
@@ -259,7 +262,6 @@ class Scheduler:
                     stats.finish_reason = "eos"
                     break
             stats.new_tokens += len(accepted)
-            row.load.accepted = stats.new_tokens / stats.target_forwards
             for i in path[:len(accepted)] if tree.sources else ():
                 stats.sources[tree.sources[i]] = stats.sources.get(tree.sources[i], 0) + 1
             if not stats.finish_reason and stats.new_tokens == request.max_new_tokens:

@@ -42,8 +42,9 @@ class ChainSize:
         for k in range(1, available + 1):
             reach *= self.hits[k - 1] / self.tried[k - 1]
             expected += reach
-            if self.costs.rate(expected, k + 1, 0.0) > value:
-                best, value = k, self.costs.rate(expected, k + 1, 0.0)
+            rate = self.costs.rate(expected, k + 1, 0.0)
+            if rate > value:
+                best, value = k, rate
         self.plain_rounds = self.plain_rounds + 1 if best == 0 else 0
         if best == 0 and self.plain_rounds >= self.PROBE:
             best, self.plain_rounds = 1, 0

@@ -53,7 +53,9 @@ def _greedy(trees: list[DraftTree], logits: Tensor, starts: list[int]) -> list[V
         parent_at += [len(at) + 1 + p for p in tree.parents]  # the root (-1) is at len(at)
         at += range(start, start + 1 + len(tree))
         tokens += tree.tokens
-    best = logits[torch.tensor(at, device=logits.device)].max(-1).indices.cpu()  # torch's bf16 argmax is slow on CPUs
+    if len(at) < logits.shape[0]:  # rows not verified (extra rows, sampled rows) sit between them
+        logits = logits[torch.tensor(at, device=logits.device)]
+    best = logits.max(-1).indices.cpu()  # torch's bf16 argmax is slow on CPUs
     accepted: list[bool] = []
     if tokens:
         n = len(tokens)
