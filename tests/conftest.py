@@ -4,6 +4,7 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM, LlamaConfig, MistralConfig, Qwen2Config
 
+from eaglespec.decoding.head_rows import HeadRows
 from eaglespec.models.config import ModelConfig
 from eaglespec.models.decoder import Decoder
 from eaglespec.models.load import build_decoder
@@ -29,6 +30,21 @@ def tiny_pair(family: str) -> tuple[torch.nn.Module, Decoder]:
                 torch.nn.init.normal_(proj.bias, std=0.5)
     ours = build_decoder(ModelConfig.from_hf(hf.config), hf.state_dict(), torch.float32)
     return hf, ours
+
+
+def drafted(proposer, max_depth: int):
+    """A proposer's tree, drafted alone as the `Scheduler` drafts it (head forwards through a cache
+    of its own)."""
+    entries = getattr(proposer, "entries", None)
+    if entries is not None and entries.rows is None:
+        HeadRows(entries.head).add(entries)
+    draft, result = proposer.propose(max_depth), None
+    while True:
+        try:
+            call = draft.send(result)
+        except StopIteration as done:
+            return done.value
+        (result,) = entries.rows.run([call])
 
 
 @pytest.fixture(scope="session")

@@ -7,6 +7,7 @@ from dataclasses import replace
 
 import pytest
 import torch
+from conftest import drafted
 from safetensors import safe_open
 
 from eaglespec.decoding.eagle import EagleProposer
@@ -73,10 +74,10 @@ def test_unrolled_steps_equal_chain_drafting(tiny4, features, kind):
         proposer = EagleProposer(head, parse_tree("chain:4"), SamplingParams(), Draws(torch.Generator()), 64)
         prompt = sample["tokens"][:j + 2].tolist()
         proposer.start(prompt, inputs[None, :j + 1])
-        drafted = proposer.propose(4).tokens
+        drafted_tokens = drafted(proposer, 4).tokens
         del head.logits
         # the same chain, unrolled: step k reads the drafted token, as the drafter did
-        tokens = torch.tensor(prompt + drafted)
+        tokens = torch.tensor(prompt + drafted_tokens)
         unrolled = {"tokens": tokens, "features": sample["features"][:len(tokens)],
                     "aux_features": sample["aux_features"][:len(tokens)]}
         unrolled["features"] = torch.cat([unrolled["features"], torch.zeros(len(tokens) - len(unrolled["features"]),

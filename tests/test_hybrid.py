@@ -4,6 +4,7 @@ and the suffix cache on a repeated workload. Its equivalence with vanilla decodi
 every other method's in test_methods.py, and the exactness of a tree it builds in test_verify.py."""
 
 import pytest
+from conftest import drafted
 
 from eaglespec.decoding.generate import generate
 from eaglespec.decoding.hybrid import Calibration, HybridProposer, match_class
@@ -66,7 +67,7 @@ def test_sources_merge_into_one_tree_sized_by_the_cost_curve():
     cache = NgramIndex()
     cache.add([1, 2, 3, 4, 5, 6])
     hybrid = proposer([9, 2, 3, 7, 8, 0, 2, 3], cache)  # lookup: 2 3 -> 7 8 0; the cache: 2 3 -> 4 5 6
-    tree = hybrid.propose(3)
+    tree = drafted(hybrid, 3)
     assert sorted(tree.paths()) == [(4,), (4, 5), (4, 5, 6), (7,), (7, 8), (7, 8, 0)]
     assert all(tree.parents[i] < i for i in range(len(tree)))
     assert [tree.sources[tree.paths().index(p)] for p in [(7,), (4, 5)]] == ["lookup", "suffix"]
@@ -75,13 +76,13 @@ def test_sources_merge_into_one_tree_sized_by_the_cost_curve():
     assert hybrid.calibration.factor(lookup) > 0.5 > hybrid.calibration.factor(suffix)
     assert hybrid.history[-3:] == [7, 8, 1]
     # where every verified token costs a forward's worth, the same candidates are not worth it
-    assert len(proposer([9, 2, 3, 7, 8, 0, 2, 3], cache, STEEP).propose(3)) == 0
+    assert len(drafted(proposer([9, 2, 3, 7, 8, 0, 2, 3], cache, STEEP), 3)) == 0
 
 
 def test_a_node_two_sources_propose_is_one_node():
     cache = NgramIndex()
     cache.add([2, 3, 7, 5])
-    tree = proposer([2, 3, 7, 8, 2, 3], cache).propose(2)
+    tree = drafted(proposer([2, 3, 7, 8, 2, 3], cache), 2)
     assert sorted(tree.paths()) == [(7,), (7, 5), (7, 8)]
 
 

@@ -10,6 +10,7 @@ import itertools
 
 import pytest
 import torch
+from conftest import drafted
 
 from eaglespec.decoding.hybrid import Calibration, HybridProposer
 from eaglespec.decoding.ngram_index import NgramIndex
@@ -223,7 +224,7 @@ def test_a_hybrid_tree_of_copied_paths_is_exact(params):
     cache.add([1, 2, 0, 4, 1, 2, 0, 3, 1, 2, 4])
     hybrid = HybridProposer(None, True, cache, Calibration(), VerifyCosts([0.0] + [1.0] * 70))
     hybrid.start([3, 1, 2, 3, 0, 1, 2], None)
-    tree = hybrid.propose(3)
+    tree = drafted(hybrid, 3)
     assert set(tree.paths()) == {(0,), (0, 4), (0, 3), (0, 4, 1), (0, 3, 1), (4,), (3,), (3, 0), (3, 0, 1)}
     assert set(tree.sources) == {"lookup", "suffix"}
     got = two_token_distribution([(1.0, tree)], params)

@@ -7,6 +7,10 @@ children. Every deeper level runs the nodes that get children, each entry readin
 predicted feature and its own token, under a tree mask, at position root + depth - 1. The draft
 entries are dropped when the tree is done; only committed entries stay.
 
+Drafting is a generator: each head forward is a `HeadCall` it yields, so that the `Scheduler` runs
+the same step of every row's draft in one forward (head_rows.py); the row's entries sit in the
+scheduler's cache of the head (`entries`).
+
 Children are the top-k draft tokens when greedy and for the dynamic tree (EAGLE-2: expand the
 best `topk` nodes by cumulative log-probability for `depth` levels, keep the best `tokens`), and
 are drawn without replacement from the warped draft distribution when sampling a static tree.
@@ -15,10 +19,12 @@ are drawn without replacement from the warped draft distribution when sampling a
 from __future__ import annotations
 
 import math
+from collections.abc import Generator
 
 import torch
 from torch import Tensor
 
+from eaglespec.decoding.head_rows import Drafting, HeadCall, HeadEntries, HeadResult
 from eaglespec.decoding.sampling import Draws, SamplingParams, warp
 from eaglespec.decoding.tree import DraftTree, TreeShape
 from eaglespec.errors import InvalidArgumentError
@@ -39,8 +45,7 @@ class EagleProposer:
             )
         self.head, self.shape, self.params, self.draws = head, shape, params, draws
         self.reads = head.reads
-        entries = len(shape.paths) if shape.paths is not None else shape.topk * (shape.depth - 1)
-        self.cache = head.new_cache(capacity + entries)
+        self.entries = HeadEntries(head)  # in the scheduler's cache of the head
         self.device = head.weight_like.device
         # entries the head has not run yet, in order: (features [1, m, H], tokens [1, m]) per round
         self.pending: list[tuple[Tensor, Tensor]] = []
@@ -73,59 +78,60 @@ class EagleProposer:
             self.waited += len(tokens)
         self.pending.append((features, torch.tensor([tokens], device=self.device)))
 
-    @torch.inference_mode()
-    def propose(self, max_depth: int) -> DraftTree:
+    def propose(self, max_depth: int) -> Drafting:
         """Draft a tree no deeper than `max_depth` (what the loop can still accept)."""
         if self.shape.paths is not None:
-            root_feature = self._catch_up()
-            if root_feature is None or max_depth < 1:
+            root = yield from self._catch_up()
+            if root is None or max_depth < 1:
                 return DraftTree()
-            tree = self._static(root_feature, max_depth)
-            self.cache.length = self.committed  # drop the draft entries
+            tree = yield from self._static(*root, max_depth)
+            self.entries.length = self.committed  # drop the draft entries
             return tree
-        pool, scores = self.candidates(max_depth)
+        pool, scores = yield from self.candidates(max_depth)
         if not len(pool):  # a plain round
             return pool
         order = sorted(range(len(pool)), key=lambda i: (-scores[i], i))
         size = self.auto.size(scores, order, self.shape.tokens, self.clock.now()) if self.auto else self.shape.tokens
         return pool.subset(sorted(order[:size]))
 
-    @torch.inference_mode()
-    def candidates(self, max_depth: int) -> tuple[DraftTree, list[float]]:
+    def candidates(self, max_depth: int) -> Generator[HeadCall, HeadResult, tuple[DraftTree, list[float]]]:
         """The dynamic tree's candidate pool (parents first) and each node's cumulative draft
         log-probability, no deeper than `max_depth`; none where `auto` decodes this round plainly."""
         if self.auto:
             self.auto.start_round(self.clock.now())
             if not self.auto.drafting:  # plain decoding pays better here: the entries wait
                 return DraftTree(), []
-        root_feature = self._catch_up()
-        if root_feature is None or max_depth < 1:
+        root = yield from self._catch_up()
+        if root is None or max_depth < 1:
             return DraftTree(), []
-        pool, scores = self._dynamic(root_feature, min(self.shape.depth, max_depth))
-        self.cache.length = self.committed  # drop the draft entries
+        pool, scores = yield from self._dynamic(*root, min(self.shape.depth, max_depth))
+        self.entries.length = self.committed  # drop the draft entries
         return pool, scores
 
-    def _catch_up(self) -> Tensor | None:
-        """Run the head over the entries that wait; returns the feature it predicts at the root
-        (None where no feature is known yet: a one-token prompt)."""
+    def _catch_up(self) -> Generator[HeadCall, HeadResult, tuple[Tensor, Tensor] | None]:
+        """Run the head over the entries that wait; returns the feature it predicts at the root and
+        its draft logits [1, V_draft] (None where no feature is known yet: a one-token prompt)."""
         if not self.pending:
             return None
-        features, tokens = (torch.cat(part, 1) for part in zip(*self.pending))  # joined once, not per round
+        features, tokens = (torch.cat(part, 1)[0] for part in zip(*self.pending))  # joined once, not per round
         started = self.clock.now()
-        root_feature = self.head(self.head.lift(features), tokens, self.cache)[0, -1]
+        length = self.entries.length
+        positions = torch.arange(length, length + len(tokens), device=self.device)
+        out, logits = yield HeadCall(self.entries, self.head.lift(features), tokens, positions, None, True)
         if self.auto:  # the head's pass over the entries of plain rounds and of the prompt
-            per_entry = (self.clock.now() - started) / tokens.shape[1]
+            per_entry = (self.clock.now() - started) / len(tokens)
             self.auto.catch_up(per_entry * self.waited, per_entry * self.prompt_waiting)
         self.pending, self.waited, self.prompt_waiting = [], 0, 0
-        self.committed = self.cache.length
-        self.expanded: dict[int, int] = {}  # node -> cache slot of its draft entry
-        return root_feature
+        self.committed = self.entries.length
+        self.expanded: dict[int, int] = {}  # node -> index of its draft entry among the row's
+        return out[-1], logits
 
-    def _run(self, tree: DraftTree, nodes: list[int], parent_features: Tensor) -> Tensor:
+    def _run(self, tree: DraftTree, nodes: list[int], parent_features: Tensor
+             ) -> Generator[HeadCall, HeadResult, tuple[Tensor, Tensor]]:
         """Run the entries of `nodes` (each reading its parent's predicted feature and its own
-        token); returns their predicted features [n, H]."""
+        token); returns their predicted features [n, H] and draft logits [n, V_draft]."""
         depths = tree.depths()
-        start = self.cache.length
+        start = self.entries.length
         n = len(nodes)
         mask = torch.zeros(n, start + n, dtype=torch.bool)
         mask[:, : self.committed] = True
@@ -136,9 +142,9 @@ class EagleProposer:
                 ancestor = tree.parents[ancestor]
             mask[row, start + row] = True
             self.expanded[node] = start + row
-        positions = torch.tensor([[self.committed + depths[i] - 1 for i in nodes]], device=self.device)
-        tokens = torch.tensor([[tree.tokens[i] for i in nodes]], device=self.device)
-        return self.head(parent_features[None], tokens, self.cache, positions, mask.to(self.device))[0]
+        positions = torch.tensor([self.committed + depths[i] - 1 for i in nodes], device=self.device)
+        tokens = torch.tensor([tree.tokens[i] for i in nodes], device=self.device)
+        return (yield HeadCall(self.entries, parent_features, tokens, positions, mask))
 
     def _choose(self, logits: Tensor, k: int) -> tuple[list[list[int]], Tensor | None]:
         """Children (target ids, up to k per row) of each row of draft logits [n, V_draft], and
@@ -152,19 +158,19 @@ class EagleProposer:
             ids = [row.tolist() for row in ids]
         return ids, q
 
-    def _static(self, root_feature: Tensor, max_depth: int) -> DraftTree:
+    def _static(self, root_feature: Tensor, root_logits: Tensor, max_depth: int
+                ) -> Generator[HeadCall, HeadResult, DraftTree]:
         tree = DraftTree(draft_probs={} if self.sampled else None, vocab=self.head.draft_vocab)
         made: dict[int, int] = {-1: -1}  # static path index -> tree node
         features = {-1: root_feature}  # tree node -> its predicted feature (children's input)
+        logits = root_logits  # the draft logits after this level's parents
         for level in self.static[:max_depth]:
             parents = [made[p] for p, _ in level if p in made]
             if not parents:
                 break
-            fresh = [p for p in parents if p >= 0]
-            if fresh:
-                out = self._run(tree, fresh, torch.stack([features[tree.parents[p]] for p in fresh]))
-                features.update(zip(fresh, out))
-            logits = self.head.logits(torch.stack([features[p] for p in parents]))
+            if parents != [-1]:  # below the first level every parent is a draft node
+                out, logits = yield from self._run(tree, parents, torch.stack([features[tree.parents[p]] for p in parents]))
+                features.update(zip(parents, out))
             ids, q = self._choose(logits, max(len(kids) for _, kids in level))
             rows = {p: row for row, p in enumerate(parents)}
             for static_parent, kids in level:
@@ -181,12 +187,13 @@ class EagleProposer:
                         tree.parents.append(parent)
         return tree
 
-    def _dynamic(self, root_feature: Tensor, depth: int) -> tuple[DraftTree, list[float]]:
+    def _dynamic(self, root_feature: Tensor, root_logits: Tensor, depth: int
+                 ) -> Generator[HeadCall, HeadResult, tuple[DraftTree, list[float]]]:
         k = self.shape.topk
         pool = DraftTree()  # every candidate; the tree is the best of them
         scores: list[float] = []  # cumulative draft log-probability of each candidate
         frontier, features = [-1], root_feature[None]
-        top = self._top(features)
+        top = self._top(root_logits)
         for level in range(depth):
             base = torch.tensor([scores[p] if p >= 0 else 0.0 for p in frontier])[:, None]
             candidate_scores = base + top.values  # [n, k]
@@ -206,15 +213,15 @@ class EagleProposer:
                     break
             self.clock.lap()
             frontier = [first + b for b in picks]
-            features = self._run(pool, frontier, features[torch.tensor(picks) // k])
-            top = self._top(features)
+            features, logits = yield from self._run(pool, frontier, features[torch.tensor(picks) // k])
+            top = self._top(logits)
             if self.auto:
                 self.auto.level_time = self.clock.lap()
         return pool, scores
 
-    def _top(self, features: Tensor):
-        """The top-k draft log-probabilities and ids [n, k] after predicted features [n, H]."""
-        return torch.log_softmax(self.head.logits(features).float(), dim=-1).topk(self.shape.topk, dim=-1)
+    def _top(self, logits: Tensor):
+        """The top-k draft log-probabilities and ids [n, k] from draft logits [n, V_draft]."""
+        return torch.log_softmax(logits.float(), dim=-1).topk(self.shape.topk, dim=-1)
 
     def describe(self) -> str:
         return self.auto.describe(self.shape) if self.auto else self.shape.describe()

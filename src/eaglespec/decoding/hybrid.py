@@ -26,6 +26,7 @@ from dataclasses import dataclass, field
 from torch import Tensor
 
 from eaglespec.decoding.eagle import EagleProposer, best_prefix
+from eaglespec.decoding.head_rows import Drafting
 from eaglespec.decoding.ngram_index import NgramIndex
 from eaglespec.decoding.tree import DraftTree, parse_tree
 from eaglespec.models.costs import VerifyCosts
@@ -75,6 +76,7 @@ class HybridProposer:
         self.eagle, self.cache, self.calibration, self.costs = eagle, cache, calibration, verify_costs
         self.shape = eagle.shape if eagle else parse_tree("auto")
         self.reads = eagle.reads if eagle else ()
+        self.entries = eagle.entries if eagle else None
         self.text = NgramIndex() if lookup else None
         self.history: list[int] = []  # the prompt and every accepted token; the root is last
         self.clock = eagle.clock if eagle else Clock("cpu")
@@ -88,7 +90,8 @@ class HybridProposer:
         if self.eagle:
             self.eagle.start(prompt_ids, features)
 
-    def propose(self, max_depth: int) -> DraftTree:
+    def propose(self, max_depth: int) -> Drafting:
+        """A generator (the EAGLE part's head forwards, head_rows.py) that returns the tree."""
         started = self.clock.now()
         nodes: dict[tuple[int, ...], Node] = {}
 
@@ -101,7 +104,7 @@ class HybridProposer:
             node.proposals[key] = raw
 
         if self.eagle:
-            pool, scores = self.eagle.candidates(max_depth)
+            pool, scores = yield from self.eagle.candidates(max_depth)
             scale = self.eagle.auto.calibration
             for path, score in zip(pool.paths(), scores):
                 add(path, ("eagle",), math.exp(score), min(1.0, scale * math.exp(score)))

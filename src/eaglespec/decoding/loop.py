@@ -24,11 +24,12 @@ from typing import Protocol
 import torch
 from torch import Tensor
 
+from eaglespec.decoding.head_rows import Drafting, HeadCall, HeadResult, HeadRows
 from eaglespec.decoding.sampling import Draws, SamplingParams
 from eaglespec.decoding.tree import DraftTree, TreeShape
 from eaglespec.decoding.verify import verify
 from eaglespec.errors import InvalidArgumentError, PromptTooLongError
-from eaglespec.models.costs import Beside
+from eaglespec.models.costs import Beside, VerifyCosts
 from eaglespec.models.decoder import Decoder
 from eaglespec.models.row_cache import RowCache
 from eaglespec.timing import Clock
@@ -100,7 +101,11 @@ class Proposer(Protocol):
 
     def start(self, prompt_ids: list[int], features: Tensor | None) -> None: ...
 
-    def propose(self, max_depth: int) -> DraftTree: ...
+    def propose(self, max_depth: int) -> DraftTree | Drafting:
+        """The round's tree; a drafter that runs a draft head (with `entries`, its entries in the
+        head's cache) returns a generator that yields its head forwards and returns the tree, so
+        that the rows' forwards run together (head_rows.py)."""
+        ...
 
     def accept(self, tokens: list[int], features: Tensor) -> None: ...
 
@@ -140,13 +145,14 @@ class Row:
         self.done = False
         self.load = Beside(tokens=1)  # this row's part of a round (its latest): tokens and draft seconds
 
-    def beside(self, rows: list[Row]) -> Beside:
+    def beside(self, rows: list[Row], together: dict | tuple = ()) -> Beside:
         """The other rows' part of this round (for those yet to draft, of their latest; tokens
-        accepted per round so far, one before their first)."""
+        accepted per round so far, one before their first). The draft seconds of the rows drafting
+        `together` with this one are on its own clock already."""
         others = [row for row in rows if row is not self]
         return Beside(sum(o.load.tokens for o in others),
                       sum(max(o.stats.new_tokens, 1) / max(o.stats.target_forwards, 1) for o in others),
-                      sum(o.load.seconds for o in others))
+                      sum(o.load.seconds for o in others if o not in together))
 
     @property
     def reads(self) -> tuple[int, ...]:
@@ -170,6 +176,7 @@ class Scheduler:
             raise InvalidArgumentError(f"the batch size must be >= 1, got {max_rows}")
         self.model, self.max_rows = model, max_rows
         self.cache = RowCache(model.config, slots, model.weight_like.dtype, model.weight_like.device)
+        self.heads: dict[object, HeadRows] = {}  # draft head -> the rows' entries in its cache
         self.queue: deque[Row] = deque()
         self.active: list[Row] = []
         self.reserved = 0  # slots the active rows may fill
@@ -211,7 +218,6 @@ class Scheduler:
         self.clock.lap()  # the caller's time is not ours
         while self.queue and len(self.active) < self.max_rows and self.reserved + self.queue[0].slots <= self.cache.capacity:
             self._admit(self.queue.popleft())
-        context = self.model.config.max_position_embeddings
         for row in list(self.active):
             if self.cache.lengths[row.id] + 1 > row.capacity:  # no room for the round's root
                 row.stats.finish_reason = "context"
@@ -220,26 +226,16 @@ class Scheduler:
         if not rows:
             return []
         costs = self.model.measured_costs  # what sizes drafts, where something measured it
+        drafted = self._draft(rows, costs)
         trees, blocks, tokens, positions = [], [], [], []
-        for row in rows:
-            length, stats = self.cache.lengths[row.id], row.stats
-            tree = DraftTree()
-            if row.drafter:
-                # deeper nodes could not be accepted (max_new_tokens) or have no position (context)
-                depth = min(row.request.max_new_tokens - stats.new_tokens, context - length) - 1
-                if costs is not None:
-                    costs.beside = row.beside(rows)
-                tree = row.drafter.propose(depth).prune(row.slots - length - 1, depth)
-                row.load.seconds = self.clock.lap()
-                stats.draft_s += row.load.seconds
+        for row, tree in zip(rows, drafted):
+            length = self.cache.lengths[row.id]
             ids, mask, offsets = tree.verify_inputs(row.root, 0, tokens_device(self.model))
             row.load.tokens = ids.shape[1]
             trees.append(tree)
             blocks.append((row.id, mask))
             tokens.append(ids)
             positions.append(offsets + length)
-        if costs is not None:
-            costs.beside = Beside()
         reads = next((row.reads for row in rows if row.drafter), ())  # the same for every drafter (enqueue)
         mask = self.cache.prepare(blocks)
         logits, features = self.model(torch.cat(tokens, 1), self.cache, torch.cat(positions, 1), mask, capture=reads)
@@ -279,6 +275,56 @@ class Scheduler:
                 self._leave(row)
         return [(row, accepted) for row, accepted, _ in results]
 
+    def _draft(self, rows: list[Row], costs: VerifyCosts | None) -> list[DraftTree]:
+        """Each row's tree (empty without a drafter). Drafters that draft alone do so in turn; then
+        those that run a draft head draft together, each step's head forwards in one forward per
+        head (`HeadRows.run`), the time they take together on each one's clock and split evenly
+        among them in their stats."""
+        context = self.model.config.max_position_embeddings
+        trees: dict[Row, DraftTree] = {row: DraftTree() for row in rows}
+        depths: dict[Row, int] = {}
+        together: dict[Row, Drafting] = {}
+        for row in rows:
+            if not row.drafter:
+                continue
+            length, stats = self.cache.lengths[row.id], row.stats
+            # deeper nodes could not be accepted (max_new_tokens) or have no position (context)
+            depths[row] = min(row.request.max_new_tokens - stats.new_tokens, context - length) - 1
+            if costs is not None:
+                costs.beside = row.beside(rows)
+            result = row.drafter.propose(depths[row])
+            if isinstance(result, DraftTree):
+                trees[row] = result
+                row.load.seconds = self.clock.lap()
+                stats.draft_s += row.load.seconds
+            else:
+                together[row] = result
+        results: dict[Row, HeadResult | None] = dict.fromkeys(together)
+        drafting = dict(together)
+        while drafting:
+            calls: dict[HeadRows, list[tuple[Row, HeadCall]]] = {}
+            for row, draft in list(drafting.items()):
+                if costs is not None:
+                    costs.beside = row.beside(rows, together)
+                try:
+                    call = draft.send(results[row])
+                except StopIteration as done:
+                    trees[row] = done.value
+                    del drafting[row]
+                    continue
+                calls.setdefault(call.entries.rows, []).append((row, call))
+            for head_rows, asked in calls.items():
+                results.update(zip((row for row, _ in asked), head_rows.run([call for _, call in asked])))
+        if together:
+            share = self.clock.lap() / len(together)
+            for row in together:
+                row.load.seconds = share
+                row.stats.draft_s += share
+        if costs is not None:
+            costs.beside = Beside()
+        return [trees[row].prune(row.slots - self.cache.lengths[row.id] - 1, depths[row]) if row in depths
+                else trees[row] for row in rows]
+
     def _admit(self, row: Row) -> None:
         """Prefill the row's prompt but its last token alone (the same forward as a row decoded
         alone), add it to the cache and start its drafter."""
@@ -290,6 +336,10 @@ class Scheduler:
             _logits, features = self.model(ids, prefilled, last_logits_only=True, capture=row.reads)
         self.cache.add(row.id, prefilled)
         if row.drafter:
+            if (entries := getattr(row.drafter, "entries", None)) is not None:
+                if entries.head not in self.heads:
+                    self.heads[entries.head] = HeadRows(entries.head)
+                self.heads[entries.head].add(entries)
             row.drafter.start(prompt, features)
         self.active.append(row)
         self.reserved += row.slots
@@ -299,6 +349,8 @@ class Scheduler:
         self.active.remove(row)
         self.reserved -= row.slots
         self.cache.drop(row.id)
+        if (entries := getattr(row.drafter, "entries", None)) is not None:
+            entries.rows.remove(entries)
         row.done = True
 
 

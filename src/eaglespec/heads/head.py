@@ -35,7 +35,8 @@ from torch import Tensor, nn
 
 from eaglespec.errors import InvalidArgumentError
 from eaglespec.models.config import ModelConfig
-from eaglespec.models.decoder import MLP, Attention, Decoder, KVCache, Layer, Linear, RMSNorm, Stack, pack_weight, packed_linear
+from eaglespec.models.decoder import (MLP, Attention, Decoder, KVCache, Layer, Linear, RMSNorm, Stack, invariant_linear,
+                                      pack_weight, packed_linear)
 from eaglespec.models.kernels import plain_cpu
 from eaglespec.models.quantize import QuantizedLinear, quantize
 
@@ -123,12 +124,13 @@ class DraftHead(Stack):
 
     def logits(self, hidden: Tensor) -> Tensor:
         """Draft logits over the draft vocabulary [..., N] (index with `to_target` for target ids):
-        the target's LM head on the predicted hidden state."""
+        the target's LM head on the predicted hidden state, a row's the same whatever rows the call
+        carries (the rows drafting together, head_rows.py)."""
         if self.lm_quantized is not None:
             return self.lm_quantized(hidden)
         if self.lm_packed is not None and hidden.dtype == self.target_lm.dtype and plain_cpu(hidden):
             return packed_linear(hidden, self.lm_packed, None, len(self.target_lm))
-        return self.target_logits(hidden)
+        return invariant_linear(hidden, self.target_lm.to(hidden.dtype), None)
 
     def unroll(self, target_outputs: Tensor, tokens: Tensor, depth: int, cache: KVCache) -> list[Tensor]:
         """Chains drafted from every position j at once, as chain drafting runs them.

@@ -87,16 +87,21 @@ class Linear(nn.Linear):
     def forward(self, x: Tensor) -> Tensor:
         if self.packed is not None and x.dtype == self.weight.dtype and plain_cpu(x):
             return packed_linear(x, self.packed, self.bias, self.out_features)
-        if self.weight.dtype != torch.float32 or x.device.type != "cpu":
-            return super().forward(x)
-        rows = x.reshape(-1, x.shape[-1])
-        M = rows.shape[0]
-        if M <= KERNEL_ROWS and (y := row_linear(rows, self.weight, self.bias)) is not None:
-            return y.view(*x.shape[:-1], -1)
-        if x.dtype == torch.float32 and M % ROW_ALIGN:
-            # row-invariant only at row counts that are multiples of ROW_ALIGN (measured)
-            return super().forward(pad_rows(rows, aligned_rows(M)))[:M].view(*x.shape[:-1], -1)
-        return super().forward(x)
+        return invariant_linear(x, self.weight, self.bias)
+
+
+def invariant_linear(x: Tensor, weight: Tensor, bias: Tensor | None) -> Tensor:
+    """F.linear, with a row's result independent of the other rows for fp32 CPU weights (see `Linear`)."""
+    if weight.dtype != torch.float32 or x.device.type != "cpu":
+        return F.linear(x, weight, bias)
+    rows = x.reshape(-1, x.shape[-1])
+    M = rows.shape[0]
+    if M <= KERNEL_ROWS and (y := row_linear(rows, weight, bias)) is not None:
+        return y.view(*x.shape[:-1], -1)
+    if x.dtype == torch.float32 and M % ROW_ALIGN:
+        # row-invariant only at row counts that are multiples of ROW_ALIGN (measured)
+        return F.linear(pad_rows(rows, aligned_rows(M)), weight, bias)[:M].view(*x.shape[:-1], -1)
+    return F.linear(x, weight, bias)
 
 
 def pack_weight(weight: Tensor) -> tuple[str, Tensor] | None:
