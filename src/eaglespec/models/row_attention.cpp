@@ -259,8 +259,22 @@ void attend512(const torch::Tensor& q, const torch::Tensor& k, const torch::Tens
   // 2. softmax weights and the weighted sum of values, per (b, h, group of 4 rows, half of the output
   //    lanes): each half computes its rows' weights itself (the same numbers), so that a decoding step's
   //    few (b, h) keep both threads busy
+  //    Rows that see the same keys share a group where the mask says so (the rows of a packed batch see
+  //    only their own): rows in order of the first key they see, so that a group reads one row's values,
+  //    not four rows' (a row's numbers do not depend on its group: the others' weights there are 0).
   constexpr int64_t PARTS = CHUNKS >= 2 ? 2 : 1, PART = CHUNKS / PARTS;
   const int64_t groups = (M + 3) / 4;
+  std::vector<int64_t> order(B * M);
+  for (int64_t b = 0; b < B; ++b) {
+    int64_t* rows = order.data() + b * M;
+    std::vector<int64_t> start(M, 0);
+    for (int64_t r = 0; r < M; ++r) {
+      rows[r] = r;
+      if (o.mask)
+        while (start[r] < S && !o.mask[b * o.mask_batch + r * S + start[r]]) ++start[r];
+    }
+    std::stable_sort(rows, rows + M, [&](int64_t x, int64_t y) { return start[x] < start[y]; });
+  }
   at::parallel_for(0, B * H * groups * PARTS, 1, [&](int64_t begin, int64_t end) {
     std::vector<float> sums(4 * 16 * PART), packed(S + 16), weights(4 * ld);
     std::vector<unsigned char> live(blocks);  // per block of 16 keys: which rows of the group see it
@@ -268,12 +282,13 @@ void attend512(const torch::Tensor& q, const torch::Tensor& k, const torch::Tens
       const int64_t part = item % PARTS, group = item / PARTS;
       const int64_t bh = group / groups, r0 = (group % groups) * 4, b = bh / H, h = bh % H;
       const int64_t R = M - r0 < 4 ? M - r0 : 4;
+      const int64_t* rows = order.data() + b * M + r0;  // the group's rows
       float* e[4];
       float totals[4];
       for (int64_t r = 0; r < R; ++r) {
-        const float* row_scores = scores.data() + (bh * M + r0 + r) * ld;
+        const float* row_scores = scores.data() + (bh * M + rows[r]) * ld;
         e[r] = weights.data() + r * ld;
-        const bool* visible = o.mask ? o.mask + b * o.mask_batch + (r0 + r) * S : nullptr;
+        const bool* visible = o.mask ? o.mask + b * o.mask_batch + rows[r] * S : nullptr;
         __m512 top = _mm512_set1_ps(-std::numeric_limits<float>::infinity());
         for (int64_t j = 0; j < S; j += 16) {
           const __mmask16 m = seen(visible, j, S);
@@ -302,7 +317,7 @@ void attend512(const torch::Tensor& q, const torch::Tensor& k, const torch::Tens
         for (int64_t block = 0; block < blocks; ++block) {
           live[block] = 0;
           for (int64_t r = 0; r < R; ++r)
-            live[block] |= (seen(o.mask + b * o.mask_batch + (r0 + r) * S, block * 16, S) != 0) << r;
+            live[block] |= (seen(o.mask + b * o.mask_batch + rows[r] * S, block * 16, S) != 0) << r;
         }
       }
       const unsigned char* live_blocks = o.mask ? live.data() : nullptr;
@@ -317,7 +332,7 @@ void attend512(const torch::Tensor& q, const torch::Tensor& k, const torch::Tens
         default: weighted_values<T, PART, 1>(e, vbase, o.vs[2], S, part_lanes, live_blocks, acc); break;
       }
       for (int64_t r = 0; r < R; ++r) {
-        T* orow = o.out + b * o.os[0] + h * o.os[1] + (r0 + r) * o.os[2];  // a row that sees no key gets zeros
+        T* orow = o.out + b * o.os[0] + h * o.os[1] + rows[r] * o.os[2];  // a row that sees no key gets zeros
         const float inv = totals[r] > 0 ? 1.0f / totals[r] : 0.0f;
         for (int64_t d = d0; d < d1; ++d) orow[d] = static_cast<T>(acc[r][d - d0] * inv);
       }
