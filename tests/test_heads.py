@@ -71,7 +71,7 @@ def test_unrolled_steps_equal_chain_drafting(tiny4, features, kind):
         seen = []
         logits = head.logits
         head.logits = lambda h: (seen.append(h.clone()), logits(h))[1]  # what each level drafts from
-        proposer = EagleProposer(head, parse_tree("chain:4"), SamplingParams(), Draws(torch.Generator()), 64)
+        proposer = EagleProposer(head, parse_tree("chain:4"), SamplingParams(), Draws(torch.Generator()))
         prompt = sample["tokens"][:j + 2].tolist()
         proposer.start(prompt, inputs[None, :j + 1])
         drafted_tokens = drafted(proposer, 4).tokens

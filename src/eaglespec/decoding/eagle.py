@@ -34,7 +34,7 @@ from eaglespec.timing import Clock
 
 
 class EagleProposer:
-    def __init__(self, head: DraftHead, shape: TreeShape, params: SamplingParams, draws: Draws, capacity: int,
+    def __init__(self, head: DraftHead, shape: TreeShape, params: SamplingParams, draws: Draws,
                  verify_costs: VerifyCosts | None = None, earlier: AutoSize | None = None):
         """`verify_costs` (the target's `Decoder.verify_costs()`) sizes the `auto` tree, starting from
         what an `earlier` generation's sizing learned."""

@@ -29,7 +29,7 @@ from eaglespec.decoding.sampling import Draws, SamplingParams
 from eaglespec.decoding.tree import DraftTree, TreeShape
 from eaglespec.decoding.verify import verify
 from eaglespec.errors import InvalidArgumentError, PromptTooLongError
-from eaglespec.models.costs import Beside, VerifyCosts
+from eaglespec.models.costs import Beside
 from eaglespec.models.decoder import Decoder
 from eaglespec.models.row_cache import RowCache
 from eaglespec.timing import Clock
@@ -225,8 +225,7 @@ class Scheduler:
         rows = list(self.active)
         if not rows:
             return []
-        costs = self.model.measured_costs  # what sizes drafts, where something measured it
-        drafted = self._draft(rows, costs)
+        drafted = self._draft(rows)
         trees, blocks, tokens, positions = [], [], [], []
         for row, tree in zip(rows, drafted):
             length = self.cache.lengths[row.id]
@@ -275,12 +274,13 @@ class Scheduler:
                 self._leave(row)
         return [(row, accepted) for row, accepted, _ in results]
 
-    def _draft(self, rows: list[Row], costs: VerifyCosts | None) -> list[DraftTree]:
+    def _draft(self, rows: list[Row]) -> list[DraftTree]:
         """Each row's tree (empty without a drafter). Drafters that draft alone do so in turn; then
         those that run a draft head draft together, each step's head forwards in one forward per
         head (`HeadRows.run`), the time they take together on each one's clock and split evenly
         among them in their stats."""
         context = self.model.config.max_position_embeddings
+        costs = self.model.measured_costs  # what sizes drafts, where something measured it
         trees: dict[Row, DraftTree] = {row: DraftTree() for row in rows}
         depths: dict[Row, int] = {}
         together: dict[Row, Drafting] = {}

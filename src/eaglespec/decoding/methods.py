@@ -97,13 +97,13 @@ class Eagle:
     def bind(self, target, params: SamplingParams):
         shape = parse_tree(self.tree)
         if not shape.auto:
-            return lambda draws, capacity: EagleProposer(self.head, shape, params, draws, capacity)
+            return lambda draws, capacity: EagleProposer(self.head, shape, params, draws)
         costs = target.model.verify_costs()  # measured once per model
         learned = self.learned.setdefault(target.model, {})
         key = (params.temperature, params.top_p, params.top_k)
 
         def make(draws, capacity):
-            proposer = EagleProposer(self.head, shape, params, draws, capacity, costs, learned.get(key))
+            proposer = EagleProposer(self.head, shape, params, draws, costs, learned.get(key))
             learned[key] = proposer.auto
             return proposer
 
@@ -215,7 +215,7 @@ class Hybrid:
         def make(draws, capacity):
             eagle = None
             if "eagle" in self.sources:
-                eagle = EagleProposer(self.head, shape, params, draws, capacity, costs, state.learned.get(key))
+                eagle = EagleProposer(self.head, shape, params, draws, costs, state.learned.get(key))
                 state.learned[key] = eagle.auto
             if state.cache is not None and state.last is not None:
                 state.cache.add(state.last)
