@@ -3,4 +3,15 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/setup.sh
-.venv/bin/python -m pytest -q "$@"
+# the server's page is tested in headless Chromium: Debian's, where this machine can install it
+if ! { command -v chromium && command -v chromedriver; } >/dev/null; then
+    if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null; then
+        echo "installing chromium and chromium-driver for the page's browser test"
+        export DEBIAN_FRONTEND=noninteractive
+        { apt-get install -y -q chromium chromium-driver || { apt-get update -q && apt-get install -y -q chromium chromium-driver; }; } \
+            >/dev/null 2>&1 || echo "could not install chromium: the browser test will be skipped"
+    else
+        echo "no chromium / chromedriver: the browser test will be skipped (install both to run it)"
+    fi
+fi
+.venv/bin/python -m pytest -q -rs "$@"  # -rs: the reason of each skip

@@ -496,5 +496,75 @@ def bench(model_spec, head_spec, medusa_spec, dataset, limit, methods, temperatu
     click.echo(f"results: {out} (plots: {out.stem}-speedup.png, {out.stem}-tau.png)")
 
 
+
+@main.command()
+@click.option("--model", "model_spec", default=DEFAULT_MODEL, show_default=True,
+              help="Bundled model name, Hugging Face folder, or .gguf file.")
+@click.option("--head", "head_spec", default="default", show_default=True,
+              help="EAGLE head: a folder from `eaglespec train`, or 'default' for the one we ship for the model.")
+@click.option("--method", default=None,
+              help="How requests that name none decode (eagle[:TREE] | pld[:K] | hybrid[:SOURCES] | vanilla); a "
+                   "request may name another in its `method` field. Default: eagle where a head is loaded.")
+@click.option("--host", default="127.0.0.1", show_default=True, help="Address to bind (0.0.0.0: every interface).")
+@click.option("--port", default=8000, show_default=True, type=int)
+@click.option("--api-key", default=None, envvar="EAGLESPEC_API_KEY", show_envvar=True,
+              help="Key every endpoint but /health asks for (Authorization: Bearer KEY).")
+@click.option("--max-batch", default=4, show_default=True, type=int, help="Requests decoded together.")
+@click.option("--max-queue", default=64, show_default=True, type=int,
+              help="Requests that may wait beyond those; more are answered 429 with Retry-After.")
+@click.option("--max-tokens", default=2048, show_default=True, type=int, help="The most tokens one request may ask for.")
+@click.option("--cache-tokens", default=0, type=int,
+              help="The batch's KV cache, in tokens (default: max-batch x the context, at most 4096 each).")
+@click.option("--timeout", default=600.0, show_default=True, type=float,
+              help="Seconds a request may take, queueing included.")
+@click.option("--dtype", type=click.Choice(["bfloat16", "float32"]), default="bfloat16", show_default=True)
+@weights_option
+@click.option("--threads", default=None, type=int, help="torch CPU threads (default: torch's choice).")
+def serve(model_spec: str, head_spec: str, method: str | None, host: str, port: int, api_key: str | None,
+          max_batch: int, max_queue: int, max_tokens: int, cache_tokens: int, timeout: float, dtype: str,
+          weights: str, threads: int | None) -> None:
+    """An OpenAI-compatible server (/v1/completions, /v1/chat/completions, /v1/models, /metrics,
+    /health) with a page at / that colours each token by where it came from."""
+    for name, value, least in (("--max-batch", max_batch, 1), ("--max-queue", max_queue, 0),
+                               ("--max-tokens", max_tokens, 1), ("--cache-tokens", cache_tokens, 0),
+                               ("--port", port, 0)):
+        if value < least:
+            raise InvalidArgumentError(f"{name} must be >= {least}, got {value}")
+    if not timeout > 0:
+        raise InvalidArgumentError(f"--timeout must be > 0 seconds, got {timeout}")
+    import signal
+    import threading
+
+    import torch
+    import uvicorn
+
+    from eaglespec.api import load
+    from eaglespec.serve.app import Settings, create_app
+
+    if threads:
+        torch.set_num_threads(threads)
+    model = load(model_spec, head_spec, dtype, "cpu", weights=weights)
+    settings = Settings(method=method or ("eagle" if model.head is not None else "vanilla"), api_key=api_key,
+                        max_batch=max_batch, max_queue=max_queue, max_tokens=max_tokens, cache_tokens=cache_tokens,
+                        timeout_s=timeout)
+    app = create_app(model, settings, engine_thread=False)
+    server = uvicorn.Server(uvicorn.Config(app, host=host, port=port, log_level="warning"))
+    web = threading.Thread(target=server.run, name="eaglespec-web")  # the web server beside the engine
+    web.start()
+    while not server.started and web.is_alive():
+        web.join(0.05)
+    if not web.is_alive():
+        raise InvalidArgumentError(f"could not serve at {host}:{port} (is the port taken?); pick another --port")
+    click.echo(f"serving {model.target.name} ({settings.method}) at http://{host}:{port}/ "
+               f"(OpenAI API at http://{host}:{port}/v1); Ctrl-C stops", err=True)
+    engine = app.state.engine
+    signal.signal(signal.SIGTERM, lambda *_: engine.close())  # stop as Ctrl-C does
+    try:
+        engine.run()  # on the main thread, where the model ran before (see serve.engine.Engine)
+    finally:
+        server.should_exit = True
+        web.join()
+
+
 if __name__ == "__main__":
     main()

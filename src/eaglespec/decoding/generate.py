@@ -62,6 +62,73 @@ def chat_ids(target: Target, messages: list[dict[str, str]]) -> list[int]:
     return tokenizer(text, add_special_tokens=False)["input_ids"]
 
 
+class TextStream:
+    """Tokens in, text out as it becomes final: each round's accepted tokens are detokenized with
+    all before them, text that may still change (an incomplete UTF-8 sequence, a stop string
+    forming) is held back, and the first stop string ends the text (`stopped`; `tokens` keeps the
+    fewest tokens that complete it). With each token's origin given, the text comes in pieces
+    tagged by the origin of the token that produced them."""
+
+    def __init__(self, tokenizer, stop: Sequence[str] = ()):
+        self.tokenizer = tokenizer
+        self.stop = [s for s in stop if s]
+        self.hold = max((len(s) for s in self.stop), default=1) - 1  # a stop string may be forming
+        self.tokens: list[int] = []
+        self.origins: list[str | None] = []
+        self.ends: list[int] = []  # with origins: the text's length once token k is in
+        self.text, self.emitted, self.stopped = "", 0, False
+
+    def _decode(self, ids: list[int]) -> str:
+        return self.tokenizer.decode(ids, skip_special_tokens=True)
+
+    def _stop_at(self, text: str) -> int | None:
+        hits = [i for i in (text.find(s) for s in self.stop) if i >= 0]
+        return min(hits) if hits else None
+
+    def add(self, accepted: list[int], origins: list[str] | None = None) -> list[tuple[str, str | None]]:
+        """The new final text for a round's tokens: (text, origin) pieces (origin None without origins)."""
+        before = len(self.tokens)
+        self.tokens += accepted
+        self.origins += origins if origins is not None else [None] * len(accepted)
+        text = self._decode(self.tokens)
+        cut = self._stop_at(text)
+        if cut is not None:
+            # keep the fewest tokens of this round that complete the stop string
+            while len(self.tokens) > before + 1 and self._stop_at(self._decode(self.tokens[:-1])) is not None:
+                self.tokens.pop()
+            del self.origins[len(self.tokens):], self.ends[len(self.tokens):]
+            self.text, self.stopped = text[:cut], True
+            return self.finish()
+        self.text = text
+        safe = len(text) - self.hold
+        while safe > self.emitted and text[safe - 1] == "\ufffd":  # an incomplete UTF-8 sequence
+            safe -= 1
+        return self._pieces(safe)
+
+    def finish(self) -> list[tuple[str, str | None]]:
+        """The text held back, once no token follows."""
+        return self._pieces(len(self.text))
+
+    def _pieces(self, end: int) -> list[tuple[str, str | None]]:
+        start, self.emitted = self.emitted, max(end, self.emitted)
+        if end <= start:
+            return []
+        if all(origin is None for origin in self.origins):
+            return [(self.text[start:end], None)]
+        for k in range(len(self.ends), len(self.tokens)):  # each token's end in the text
+            self.ends.append(max([len(self._decode(self.tokens[: k + 1]).rstrip("\ufffd")), *self.ends[-1:]]))
+        pieces, low = [], 0
+        for k, origin in enumerate(self.origins):
+            high = end if k == len(self.origins) - 1 else self.ends[k]
+            piece = self.text[max(low, start):min(high, end)]
+            if piece and pieces and pieces[-1][1] == origin:
+                pieces[-1] = (pieces[-1][0] + piece, origin)
+            elif piece:
+                pieces.append((piece, origin))
+            low = high
+        return pieces
+
+
 class Generation:
     """Iterate to stream text deltas as they are produced; `output` is set when done.
 
@@ -100,46 +167,28 @@ class Generation:
 
         return make
 
-    def _decode(self, ids: list[int]) -> str:
-        return self.target.tokenizer.decode(ids, skip_special_tokens=True)
-
-    def _stop_at(self, text: str) -> int | None:
-        hits = [i for i in (text.find(s) for s in self.stop) if i >= 0]
-        return min(hits) if hits else None
-
     def __iter__(self) -> Iterator[str]:
         stats = DecodeStats()
-        tokens: list[int] = []
-        text, emitted = "", 0
-        hold = max((len(s) for s in self.stop), default=1) - 1  # a stop string may be forming
+        text = TextStream(self.target.tokenizer, self.stop)
         start = time.perf_counter()
         rounds = decode(self.target.model, self.ids, self.params, self.max_new_tokens, self.eos, stats,
                         self._proposer())
         for accepted in rounds:
-            before = len(tokens)
-            tokens.extend(accepted)
-            text = self._decode(tokens)
-            cut = self._stop_at(text)
-            if cut is not None:
-                # keep the fewest tokens of this round that complete the stop string
-                while len(tokens) > before + 1 and self._stop_at(self._decode(tokens[:-1])) is not None:
-                    tokens.pop()
-                text = text[:cut]
+            delta = "".join(piece for piece, _ in text.add(accepted))
+            if text.stopped:
                 stats.finish_reason = "stop"
-                stats.new_tokens = len(tokens)
+                stats.new_tokens = len(text.tokens)
                 rounds.close()
+            if delta:
+                yield delta
+            if text.stopped:
                 break
-            safe = len(text) - hold
-            while safe > emitted and text[safe - 1] == "\ufffd":  # an incomplete UTF-8 sequence
-                safe -= 1
-            if safe > emitted:
-                yield text[emitted:safe]
-                emitted = safe
         seconds = time.perf_counter() - start
-        if len(text) > emitted:
-            yield text[emitted:]
+        if delta := "".join(piece for piece, _ in text.finish()):
+            yield delta
+        tokens = text.tokens
         self.output = GenerationOutput(
-            text=text, token_ids=tokens, new_tokens=len(tokens), target_forwards=stats.target_forwards,
+            text=text.text, token_ids=tokens, new_tokens=len(tokens), target_forwards=stats.target_forwards,
             tau=stats.tau,
             seconds=seconds, tokens_per_s=len(tokens) / seconds if seconds > 0 else 0.0,
             prompt_tokens=len(self.ids), finish_reason=stats.finish_reason,

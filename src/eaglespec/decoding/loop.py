@@ -129,7 +129,9 @@ class Request:
 
 class Row:
     """A request in the scheduler, and the handle to it: `tokens` holds what it accepted so far,
-    `done` is set when it finished (`stats.finish_reason` says why)."""
+    `origins` where each came from (a drafted token's source, "draft" where the tree names none,
+    or "target": the round's bonus token), `done` is set when it finished (`stats.finish_reason`
+    says why)."""
 
     def __init__(self, model: Decoder, request: Request, id: int):
         check_max_new_tokens(request.max_new_tokens)
@@ -142,6 +144,7 @@ class Row:
         self.slots = self.capacity + (self.drafter.shape.max_nodes if self.drafter else 0)  # with its largest tree
         self.root = request.prompt_ids[-1]
         self.tokens: list[int] = []
+        self.origins: list[str] = []
         self.done = False
         self.load = Beside(tokens=1)  # this row's part of a round (its latest): tokens and draft seconds
 
@@ -257,6 +260,7 @@ class Scheduler:
                     stats.finish_reason = "eos"
                     break
             stats.new_tokens += len(accepted)
+            row.origins += [*(tree.sources[i] if tree.sources else "draft" for i in path), "target"][:len(accepted)]
             for i in path[:len(accepted)] if tree.sources else ():
                 stats.sources[tree.sources[i]] = stats.sources.get(tree.sources[i], 0) + 1
             if not stats.finish_reason and stats.new_tokens == request.max_new_tokens:
