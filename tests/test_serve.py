@@ -79,7 +79,8 @@ def idle(app, seconds: float = 10.0) -> bool:
 def test_openai_client(model):
     with serving(model) as (url, app):
         api = client(url)
-        assert [m.id for m in api.models.list().data] == [NAME]
+        (listed,) = api.models.list().data
+        assert listed.id == NAME and {"vanilla", "eagle", "pld", "hybrid"} <= set(listed.model_extra["methods"])
         want = expected(model, PROMPTS[0], 24)
         chat = api.chat.completions.create(model=NAME, messages=[{"role": "user", "content": PROMPTS[0]}],
                                            max_tokens=24, temperature=0)

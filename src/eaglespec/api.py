@@ -14,7 +14,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from eaglespec.decoding.generate import Generation, GenerationOutput, generate
-from eaglespec.decoding.methods import NEEDS, Method, method_needs, method_spec, parse_method
+from eaglespec.decoding.methods import METHODS, NEEDS, Method, method_needs, method_spec, parse_method
 from eaglespec.errors import InvalidArgumentError
 from eaglespec.heads.checkpoint import load_head, shipped_head, shipped_heads
 from eaglespec.heads.head import DraftHead
@@ -45,6 +45,11 @@ class Model:
                  **kwargs) -> GenerationOutput:
         """Generate to the end (keyword arguments as for `stream`)."""
         return generate(self.target, prompt, method=self.drafting(method, tree), **kwargs)
+
+    def available_methods(self) -> list[str]:
+        """The method names this model can decode with, given what is loaded."""
+        loaded = {"head": self.head, "medusa": self.medusa, "draft": self.draft, "": True}
+        return ["vanilla", *(name for name in METHODS if loaded[method_needs(name)] is not None)]
 
     def drafting(self, method: str | Method | None = None, tree: str = "auto") -> Method | None:
         """The method object for a name (as `stream` takes it; None: vanilla decoding), made once."""

@@ -117,7 +117,8 @@ def create_app(model: Model, settings: Settings = Settings(), engine_thread: boo
     @app.get("/v1/models")
     async def models():
         return {"object": "list", "data": [{"id": target.name, "object": "model", "created": created,
-                                            "owned_by": "eaglespec", "max_model_len": context}]}
+                                            "owned_by": "eaglespec", "max_model_len": context,
+                                            "methods": model.available_methods(), "default_method": settings.method}]}
 
     @app.get("/")
     async def page():
