@@ -8,6 +8,8 @@ import os
 import random
 import shutil
 import socket
+import subprocess
+import sys
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -55,6 +57,31 @@ def serving(model, **settings):
         server.should_exit = True
         thread.join()
         sock.close()
+
+
+@contextmanager
+def cli_server(*options: str):
+    """`eaglespec serve` in a process of its own on a free loopback port: yields its URL; it must
+    stop cleanly on SIGTERM."""
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    env = {k: v for k, v in os.environ.items() if k != "EAGLESPEC_API_KEY"}
+    server = subprocess.Popen([sys.executable, "-m", "eaglespec.cli", "serve", "--port", str(port), *options], env=env,
+                              stderr=subprocess.PIPE, text=True)
+    url = f"http://127.0.0.1:{port}"
+    try:
+        for _ in range(600):
+            assert server.poll() is None, server.stderr.read()
+            try:
+                if httpx.get(url + "/health").status_code == 200:
+                    break
+            except httpx.TransportError:
+                time.sleep(0.2)
+        yield url
+    finally:
+        server.terminate()
+        assert server.wait(60) == 0, "the server did not stop cleanly on SIGTERM"
 
 
 def client(url: str, key: str = KEY) -> openai.OpenAI:
@@ -234,6 +261,22 @@ def test_disconnect_cancels(model):
         assert app.state.engine.metrics.requests.get("cancelled") == 1
 
 
+def test_cli(tmp_path):
+    """`eaglespec serve` itself: bad options fail before loading, a request is answered, SIGTERM
+    stops it cleanly (`cli_server`), and a port already taken fails with one line."""
+    bad = subprocess.run([sys.executable, "-m", "eaglespec.cli", "serve", "--max-batch", "0"], capture_output=True,
+                         text=True)
+    assert bad.returncode == 1 and bad.stderr.strip().splitlines()[-1] == "error: --max-batch must be >= 1, got 0"
+    with cli_server("--max-batch", "2") as url:
+        answer = client(url).completions.create(model=NAME, prompt="The capital of France is", max_tokens=8,
+                                                temperature=0)
+        assert answer.usage.completion_tokens == 8 and answer.model_extra["eaglespec"]["method"] == "eagle"
+        port = url.rsplit(":", 1)[1]
+        taken = subprocess.run([sys.executable, "-m", "eaglespec.cli", "serve", "--port", port], capture_output=True,
+                               text=True)
+        assert taken.returncode == 1 and "pick another --port" in taken.stderr.strip().splitlines()[-1]
+
+
 def test_timeout(model):
     """A request past the per-request limit ends with a 408 and frees its rows."""
     with serving(model, timeout_s=0.5) as (url, app):
@@ -322,9 +365,9 @@ def browser_driver():
 
 
 def test_page_in_browser(tmp_path):
-    """The page loads, streams an answer and colours the drafted tokens (bf16, as served, with the
-    EAGLE-1 tree so that every round drafts). EAGLESPEC_SCREENSHOT=PATH keeps the screenshot (the
-    README's is docs/serve-page.png)."""
+    """The page of `eaglespec serve` (bf16, as served, with a 3-token chain so that every round
+    drafts) loads, streams an answer and colours the drafted tokens. EAGLESPEC_SCREENSHOT=PATH
+    keeps the screenshot (the README's is docs/serve-page.png)."""
     driver, reason = browser_driver()
     if driver is None:
         print(f"skipped: {reason}")
@@ -335,7 +378,7 @@ def test_page_in_browser(tmp_path):
     from selenium.webdriver.common.by import By
     from selenium.webdriver.support.ui import WebDriverWait
 
-    with serving(model, api_key=None, method="eagle:eagle1") as (url, app):  # a tree every round
+    with cli_server("--method", "eagle:chain:3") as url:
         try:
             driver.get(url + "/")
             WebDriverWait(driver, 30).until(lambda d: d.find_element(By.ID, "model").text == NAME)
@@ -352,8 +395,8 @@ def test_page_in_browser(tmp_path):
             drafted = driver.find_elements(By.CSS_SELECTOR, "#main .answer span.o-eagle")
             own = driver.find_elements(By.CSS_SELECTOR, "#main .answer span.o-target")
             assert drafted and own, "no token coloured as drafted and accepted, or none as the target's"
-            text = driver.find_element(By.CSS_SELECTOR, "#main .answer").text
-            assert text.strip() == expected(model, "Write a short poem about the sea.", 48).text.strip()
+            answer = driver.find_element(By.CSS_SELECTOR, "#main .answer")
+            text = driver.execute_script("return arguments[0].textContent", answer)  # the spans' text, exactly
+            assert text == expected(model, "Write a short poem about the sea.", 48).text
         finally:
             driver.quit()
-        assert idle(app)
