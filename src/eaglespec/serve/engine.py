@@ -106,10 +106,10 @@ class Engine:
     `timeout_s` seconds from submission.
 
     Run it on the thread that ran the model before (`eaglespec serve` runs it on the main thread
-    and the web server beside it): torch's OpenMP workers belong to the thread that starts a
-    parallel region, and a second thread's team makes more OpenMP threads than cores, which
-    libgomp answers by spinning less between regions. One token of SmolLM2 took 2.3x longer on a
-    second thread here (62 against 140 tokens/s, bf16, 2 cores)."""
+    and the web server beside it). One token of SmolLM2 took 2.3x longer on a second thread here
+    (62 against 140 tokens/s, bf16, 2 cores), as long as on the main thread with libgomp's spinning
+    off (GOMP_SPINCOUNT=0): a second thread's OpenMP team makes more OpenMP threads than cores,
+    which libgomp seems to answer by spinning less between parallel regions."""
 
     def __init__(self, target: Target, max_batch: int, max_queue: int, cache_tokens: int, timeout_s: float):
         self.target, self.max_queue, self.timeout_s = target, max_queue, timeout_s
