@@ -159,19 +159,22 @@ class Engine:
                 self.wake.clear()
                 continue
             try:
-                rounds = self.scheduler.step()
-            except Exception:
+                self._step()
+            except Exception:  # the server goes on; what failed is in its log, not in any answer
                 log.exception("a decoding round failed; its requests end with an error")
                 self._fail_all()
-                continue
-            now = time.monotonic()
-            for row, accepted in rounds:
-                self._round(self.jobs[row], accepted)
-                self.metrics.recent.append((now, len(accepted)))
-            while self.metrics.recent and self.metrics.recent[0][0] < now - RATE_WINDOW_S:
-                self.metrics.recent.popleft()
-            for row in [row for row in self.jobs if row.done]:
-                self._finish(self.jobs.pop(row))
+
+    def _step(self) -> None:
+        """One round for every active row, and its text to their jobs."""
+        rounds = self.scheduler.step()
+        now = time.monotonic()
+        for row, accepted in rounds:
+            self._round(self.jobs[row], accepted)
+            self.metrics.recent.append((now, len(accepted)))
+        while self.metrics.recent and self.metrics.recent[0][0] < now - RATE_WINDOW_S:
+            self.metrics.recent.popleft()
+        for row in [row for row in self.jobs if row.done]:
+            self._finish(self.jobs.pop(row))
 
     def _read_inbox(self) -> None:
         while True:
