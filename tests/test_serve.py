@@ -341,6 +341,9 @@ def test_text_stream_pieces(smollm2):
     out += stream.finish()
     assert "".join(text for text, _ in out) == tokenizer.decode(ids)
     assert [origin for _, origin in out] == sorted({o for _, o in out}, key=lambda o: int(o[1:]))
+    whole = [tokenizer.decode([i]) for i in ids]  # a token that is whole characters: its piece is its text
+    assert all(text == whole[int(o[1:])] for text, o in out if "\ufffd" not in whole[int(o[1:])])
+    assert sum("\ufffd" not in w for w in whole) >= len(ids) - 3
     stream = TextStream(tokenizer, ["tête"])
     text = "".join(t for t, _ in stream.add(ids, ["x"] * len(ids)))
     assert stream.stopped and text == "Hello wörld 🦅, une "

@@ -496,7 +496,6 @@ def bench(model_spec, head_spec, medusa_spec, dataset, limit, methods, temperatu
     click.echo(f"results: {out} (plots: {out.stem}-speedup.png, {out.stem}-tau.png)")
 
 
-
 @main.command()
 @click.option("--model", "model_spec", default=DEFAULT_MODEL, show_default=True,
               help="Bundled model name, Hugging Face folder, or .gguf file.")

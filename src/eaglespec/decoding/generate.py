@@ -3,6 +3,7 @@ around the decoding loop."""
 
 from __future__ import annotations
 
+import bisect
 import time
 from collections.abc import Iterator, Sequence
 from dataclasses import asdict, dataclass
@@ -62,6 +63,9 @@ def chat_ids(target: Target, messages: list[dict[str, str]]) -> list[int]:
     return tokenizer(text, add_special_tokens=False)["input_ids"]
 
 
+MARK_WINDOW = 4  # tokens decoded before a token to find where its text ends (TextStream with origins)
+
+
 class TextStream:
     """Tokens in, text out as it becomes final: each round's accepted tokens are detokenized with
     all before them, text that may still change (an incomplete UTF-8 sequence, a stop string
@@ -75,7 +79,8 @@ class TextStream:
         self.hold = max((len(s) for s in self.stop), default=1) - 1  # a stop string may be forming
         self.tokens: list[int] = []
         self.origins: list[str | None] = []
-        self.ends: list[int] = []  # with origins: the text's length once token k is in
+        self.ends: list[int] = []  # with origins: where token k's text ends
+        self.tagged = False  # origins were given
         self.text, self.emitted, self.stopped = "", 0, False
 
     def _decode(self, ids: list[int]) -> str:
@@ -91,6 +96,9 @@ class TextStream:
         self.tokens += accepted
         self.origins += origins if origins is not None else [None] * len(accepted)
         text = self._decode(self.tokens)
+        if origins is not None:
+            self.tagged = True
+            self._mark(before, text)
         cut = self._stop_at(text)
         if cut is not None:
             # keep the fewest tokens of this round that complete the stop string
@@ -109,22 +117,37 @@ class TextStream:
         """The text held back, once no token follows."""
         return self._pieces(len(self.text))
 
+    def _mark(self, before: int, text: str) -> None:
+        """Where each of a round's tokens ends in the text: the round's last token where the text
+        ends, the others by decoding them after a few tokens before them (enough for the pieces'
+        boundaries; the text itself is always decoded whole)."""
+        window = self.tokens[max(0, before - MARK_WINDOW):before]
+        base = len(self._decode(window).rstrip("\ufffd"))
+        last = len(text.rstrip("\ufffd"))
+        start = self.ends[-1] if self.ends else 0
+        for k in range(before, len(self.tokens) - 1):
+            grown = len(self._decode(window + self.tokens[before:k + 1]).rstrip("\ufffd")) - base
+            self.ends.append(min(max(start + grown, *self.ends[-1:], 0), last))
+        self.ends.append(max(last, *self.ends[-1:], 0))
+
     def _pieces(self, end: int) -> list[tuple[str, str | None]]:
         start, self.emitted = self.emitted, max(end, self.emitted)
         if end <= start:
             return []
-        if all(origin is None for origin in self.origins):
+        if not self.tagged:
             return [(self.text[start:end], None)]
-        for k in range(len(self.ends), len(self.tokens)):  # each token's end in the text
-            self.ends.append(max([len(self._decode(self.tokens[: k + 1]).rstrip("\ufffd")), *self.ends[-1:]]))
-        pieces, low = [], 0
-        for k, origin in enumerate(self.origins):
-            high = end if k == len(self.origins) - 1 else self.ends[k]
-            piece = self.text[max(low, start):min(high, end)]
+        pieces = []
+        k = min(bisect.bisect_right(self.ends, start), len(self.tokens) - 1)  # the token the text at start is from
+        low = self.ends[k - 1] if k else 0
+        for k in range(k, len(self.tokens)):
+            high = end if k == len(self.tokens) - 1 else self.ends[k]
+            piece, origin = self.text[max(low, start):min(high, end)], self.origins[k]
             if piece and pieces and pieces[-1][1] == origin:
                 pieces[-1] = (pieces[-1][0] + piece, origin)
             elif piece:
                 pieces.append((piece, origin))
+            if high >= end:
+                break
             low = high
         return pieces
 

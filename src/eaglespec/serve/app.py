@@ -63,8 +63,7 @@ def create_app(model: Model, settings: Settings = Settings(), engine_thread: boo
     `engine.run()` (the thread that warmed the model up here: see `Engine`). It stops at shutdown."""
     target = model.target
     context = target.model.config.max_position_embeddings
-    model.drafting(settings.method)  # a bad --method fails here, before serving
-    for name in dict.fromkeys((settings.method, "vanilla")):
+    for name in dict.fromkeys((settings.method, "vanilla")):  # a bad --method fails here, before serving
         method = model.drafting(name)
         if method is not None:
             method.bind(target, SamplingParams())  # measures what `auto` sizes trees by, once, now

@@ -15,7 +15,7 @@ import logging
 import queue
 import threading
 import time
-from collections import deque
+from collections import Counter, deque
 from dataclasses import dataclass, field
 
 from eaglespec.decoding.generate import TextStream
@@ -46,6 +46,7 @@ class Job:
     row: Row | None = None
     text: TextStream | None = None
     first_token_s: float | None = None  # seconds from submission to its first text
+    counts: Counter = field(default_factory=Counter)  # its tokens by origin
 
     def post(self, *event) -> None:
         try:
@@ -63,16 +64,10 @@ class Job:
         elapsed = time.monotonic() - self.submitted
         return {"tokens": tokens, "target_forwards": stats.target_forwards,
                 "tau": round(tokens / stats.target_forwards, 3) if stats.target_forwards else 0.0,
-                "accepted": {self.origin_name(k): v for k, v in self._accepted().items()},
+                "accepted": {self.origin_name(k): v for k, v in self.counts.items()},
                 "elapsed_s": round(elapsed, 4), "time_to_first_token_s": self.first_token_s,
                 "prefill_s": round(stats.prefill_s, 4), "draft_s": round(stats.draft_s, 4),
                 "verify_s": round(stats.verify_s, 4)}
-
-    def _accepted(self) -> dict[str, int]:
-        counts: dict[str, int] = {}
-        for origin in self.text.origins:
-            counts[origin] = counts.get(origin, 0) + 1
-        return counts
 
     def origin_name(self, origin: str | None) -> str:
         """An origin as the page names it: a drafted token by the request's drafter."""
@@ -215,6 +210,10 @@ class Engine:
         row, metrics = job.row, self.metrics
         origins = row.origins[len(row.origins) - len(accepted):]
         pieces = job.text.add(accepted, origins)
+        if job.text.stopped:  # the stop string's round may keep fewer tokens: count them again, once
+            job.counts = Counter(job.text.origins)
+        else:
+            job.counts.update(origins)
         metrics.generated_tokens += len(accepted)
         metrics.target_forwards += 1
         for origin in origins:
