@@ -214,7 +214,8 @@ def install(model: str, work: Path, entry: dict) -> None:
     os.replace(tmp, head)
 
 
-def stretch(model: str, data: str | None, new_only: bool = False, answer_tokens: int | None = None) -> None:
+def stretch(model: str, data: str | None, new_only: bool = False, answer_tokens: int | None = None,
+            budget_minutes: float | None = None, draft_vocab: int | None = None) -> None:
     recipe = RECIPES[model]
     ledger_path = RESULTS / f"{model}.json"
     ledger = json.loads(ledger_path.read_text()) if ledger_path.is_file() else {"model": model, "stretches": []}
@@ -250,6 +251,10 @@ def stretch(model: str, data: str | None, new_only: bool = False, answer_tokens:
                  "--init", str(head), "--out", str(work / "run"), "--threads", "2", *recipe["train"]]
         if data and skip:
             train[train.index("--epochs") + 1] = str(NEW_ONLY_EPOCHS)
+        if budget_minutes:
+            train[train.index("--budget-minutes") + 1] = f"{budget_minutes:g}"
+        if draft_vocab:
+            train += ["--draft-vocab", str(draft_vocab)]
         run(train)
         trained = json.loads((work / "run" / "head" / "config.json").read_text())["eaglespec"]
         from eaglespec.training.features import FeatureSet
@@ -257,6 +262,7 @@ def stretch(model: str, data: str | None, new_only: bool = False, answer_tokens:
         feature_set = FeatureSet(features)
         entry = {"stretch": n, **({"data": data} if data else {}), "skip": skip,
                  **({"answer_tokens": answer_tokens} if answer_tokens else {}),
+                 **({"draft_vocab": draft_vocab} if draft_vocab else {}),
                  "conversations": len(feature_set) if data else recipe["conversations"],
                  "tokens": feature_set.tokens(),
                  # what the features cost (wall times of the shards extracted in this stretch) and what
@@ -348,6 +354,11 @@ def main() -> None:
                         help="With --data: only the conversations after those the last stretch on the same source trained on.")
     parser.add_argument("--answer-tokens", type=int,
                         help="Train on the first this many tokens of each answer (extract --answer-tokens).")
+    parser.add_argument("--budget-minutes", type=float,
+                        help="This stretch's training minutes, instead of the recipe's (recorded in the ledger's commands).")
+    parser.add_argument("--draft-vocab", type=int,
+                        help="Pick the head's draft vocabulary anew: this stretch's N most frequent answer tokens "
+                             "(EAGLE-1 heads: their weights carry over).")
     parser.add_argument("--remeasure", nargs=2, metavar=("STRETCH", "HEAD"),
                         help="Fill in what stretch STRETCH lacks (EAGLE-1-tree tau, n-alpha on own answers) from its head folder HEAD.")
     args = parser.parse_args()
@@ -361,7 +372,11 @@ def main() -> None:
     elif args.model:
         if args.new_only and not args.data:
             parser.error("--new-only goes with --data")
-        stretch(args.model, args.data, args.new_only, args.answer_tokens)
+        if args.budget_minutes is not None and args.budget_minutes <= 0:
+            parser.error("--budget-minutes must be positive")
+        if args.draft_vocab is not None and args.draft_vocab <= 0:
+            parser.error("--draft-vocab must be positive")
+        stretch(args.model, args.data, args.new_only, args.answer_tokens, args.budget_minutes, args.draft_vocab)
     else:
         parser.error("give a MODEL for one stretch, or --report")
 

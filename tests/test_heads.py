@@ -20,7 +20,7 @@ from eaglespec.models.load import load_target
 from eaglespec.training.evaluate import chain_predictions, head_inputs
 from eaglespec.training.features import ExtractConfig, FeatureSet, extract
 from eaglespec.training.objectives import parse_loss, position_losses
-from eaglespec.training.trainer import TrainConfig, train
+from eaglespec.training.trainer import TrainConfig, draft_vocabulary, train
 
 AUX = (1, 2, 3)
 
@@ -210,6 +210,18 @@ def test_a_run_continues_from_a_saved_head_on_a_later_slice(tiny4, features, tmp
     assert torch.equal(seen["fc"], saved.fc.weight.float()) and torch.equal(seen["vocab"], saved.draft_vocab)
     with pytest.raises(InvalidArgumentError, match="make them agree"):
         train(run_config(tiny4, features, tmp_path / "bad", init=str(tmp_path / "first" / "head")), log=lambda m: None)
+    with pytest.raises(InvalidArgumentError, match="--draft-vocab 0"):  # an EAGLE-3 LM head is trained over its vocabulary
+        train(run_config(tiny4, features, tmp_path / "bad", head_type="eagle3", loss="ce", aux_layers=AUX,
+                         init=str(tmp_path / "first" / "head"), draft_vocab=128), log=lambda m: None)
+    # an EAGLE-1 head continued with --draft-vocab N: its weights, a vocabulary picked anew from this data
+    train(run_config(tiny4, features, tmp_path / "one", draft_vocab=128), log=lambda m: None)
+    first = load_head(str(tmp_path / "one" / "head"), tiny4)
+    seen.clear()
+    train(run_config(tiny4, features, tmp_path / "repicked", init=str(tmp_path / "one" / "head"), max_steps=1),
+          log=lambda m: None)
+    assert torch.equal(seen["fc"], first.fc.weight.float())
+    assert torch.equal(seen["vocab"].cpu(), draft_vocabulary(FeatureSet(features / "train"), 256))
+    assert len(first.draft_vocab) == 128 and len(seen["vocab"]) == 256
     with pytest.raises(InvalidArgumentError, match="--init must be"):
         run_config(tiny4, features, tmp_path / "bad", init=str(tmp_path / "nothing"))
     # --skip: the slice after the first k conversations of the split

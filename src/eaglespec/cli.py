@@ -322,13 +322,15 @@ def regenerate(model_spec, data, split, limit, skip, turns, max_new_tokens, max_
 @click.option("--medusa-heads", default=4, show_default=True, help="Medusa: heads, each one token further ahead.")
 @click.option("--aux-layers", default="", help="EAGLE-3's target layers, e.g. 2,15,27 (default: 2,N//2,N-3).")
 @click.option("--device", default="cpu", show_default=True, help="cpu or cuda.")
-@click.option("--draft-vocab", default=0, show_default=True, help="Reduced draft vocabulary size (0: full).")
+@click.option("--draft-vocab", default=0, show_default=True,
+              help="Reduced draft vocabulary: the N most frequent answer tokens of the training data (0: full; "
+                   "with --init HEAD, 0 keeps the head's and N picks an EAGLE-1 or Medusa head's anew).")
 @click.option("--layers", "num_layers", default=1, show_default=True)
 @click.option("--input-variant", default="feature+shifted-token", show_default=True,
               type=click.Choice(["feature+shifted-token", "feature+unshifted-token", "feature", "token"]))
 @click.option("--init", default="random", show_default=True,
-              help="random, target-last-layer (EAGLE-1) or a head folder to continue from (its weights and "
-                   "draft vocabulary; a fresh optimizer and schedule).")
+              help="random, target-last-layer (EAGLE-1) or a head folder to continue from (its weights and, "
+                   "unless --draft-vocab N, its draft vocabulary; a fresh optimizer and schedule).")
 @click.option("--checkpoint-every", default=50, show_default=True)
 @click.option("--eval-limit", default=None, type=int, help="Held-out conversations scored each epoch.")
 @click.option("--no-autocast", is_flag=True, help="Train in fp32 even where bf16 autocast is available.")

@@ -57,7 +57,7 @@ class TrainConfig:
     head_type: str = "eagle1"  # or "eagle3", "medusa"
     medusa_heads: int = 4  # a Medusa head's heads
     aux_layers: tuple[int, ...] = ()  # EAGLE-3's target layers (default: vLLM's 2, N // 2, N - 3)
-    draft_vocab: int = 0  # 0: the full target vocabulary
+    draft_vocab: int = 0  # 0: the full target vocabulary (continuing a head: its own); N: the most frequent N
     num_layers: int = 1
     input_variant: str = "feature+shifted-token"
     # "random", "target-last-layer" (EAGLE-1; EAGLE-3 heads always start their LM head from the
@@ -222,14 +222,18 @@ def train(config: TrainConfig, log=print) -> State:
     heldout = FeatureSet(Path(config.heldout_dir)) if config.heldout_dir else None
     start = None if config.init in ("random", "target-last-layer") else load_head(config.init, target)
     if start is not None:
-        if start.head_type != config.head_type or (config.draft_vocab not in (0, start.vocab_size)):
-            raise InvalidArgumentError(
-                f"--init {config.init} is an {start.head_type} head over {start.vocab_size} draft tokens; this run "
-                f"trains an {config.head_type} head over {config.draft_vocab or 'its own'}: make them agree")
+        if start.head_type != config.head_type:
+            raise InvalidArgumentError(f"--init {config.init} is an {start.head_type} head; this run trains an "
+                                       f"{config.head_type} head: make them agree")
+        if config.draft_vocab and start.head_type == "eagle3":
+            raise InvalidArgumentError(f"--init {config.init} is an EAGLE-3 head, whose LM head is trained over its own "
+                                       f"{start.vocab_size} draft tokens: continue it with --draft-vocab 0")
         if start.head_type == "medusa" and len(start.heads) != config.medusa_heads:
             raise InvalidArgumentError(f"--init {config.init} has {len(start.heads)} Medusa heads; give "
                                        f"--medusa-heads {len(start.heads)}")
-        vocab = start.draft_vocab
+        # EAGLE-1 and Medusa heads draft through the target's own LM head, so their weights carry
+        # over to a vocabulary picked anew from this run's data
+        vocab = draft_vocabulary(train_set, config.draft_vocab) if config.draft_vocab else start.draft_vocab
     else:
         vocab = draft_vocabulary(train_set, config.draft_vocab) if config.draft_vocab else None
     torch.manual_seed(config.seed)
