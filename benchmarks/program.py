@@ -4,6 +4,7 @@ it has not seen, with the CPU time behind every step recorded (acceptance per CP
     .venv/bin/python benchmarks/program.py smollm2-135m-instruct            # one stretch
     .venv/bin/python benchmarks/program.py smollm2-135m-instruct --data data/regenerated/smollm2-135m-instruct
     .venv/bin/python benchmarks/program.py smollm2-135m-instruct --data data/regenerated/smollm2-135m-instruct --new-only
+    .venv/bin/python benchmarks/program.py smollm2-135m-instruct --data ... --budget-minutes 60 --draft-vocab 8192
     .venv/bin/python benchmarks/program.py --report     # program.png and the README table
 
 A stretch extracts the next slice of the training split (the conversations after those of earlier
@@ -14,7 +15,9 @@ answers and, where they are committed, on the target's own answers; tau on MT-be
 `bench`), and replaces `heads/MODEL` only if its expected chain length (1 + a0 + a0 a1 + ...) grew:
 over the first FIRST (128) tokens of the target's own answers where this stretch and an earlier one
 have that figure (the text a 128-token benchmark drafts), else over the whole of those answers,
-else on human answers. `--answer-tokens N` trains on the first N tokens of each answer. Stretch 0 measures the head it starts from. The ledger
+else on human answers. `--answer-tokens N` trains on the first N tokens of each answer, `--budget-minutes M` trains for M
+minutes instead of the recipe's, and `--draft-vocab N` picks an EAGLE-1 head's draft vocabulary anew
+from the stretch's data (`train --draft-vocab`). Stretch 0 measures the head it starts from. The ledger
 `benchmarks/results/program/MODEL.json` keeps each stretch's slice, commands, seconds and figures;
 `program.png` plots them against CPU hours. Every step resumes where it stopped (extraction
 shards, training checkpoints); a stretch should fit in one session (commit the ledger and the head

@@ -231,11 +231,10 @@ def train(config: TrainConfig, log=print) -> State:
         if start.head_type == "medusa" and len(start.heads) != config.medusa_heads:
             raise InvalidArgumentError(f"--init {config.init} has {len(start.heads)} Medusa heads; give "
                                        f"--medusa-heads {len(start.heads)}")
-        # EAGLE-1 and Medusa heads draft through the target's own LM head, so their weights carry
-        # over to a vocabulary picked anew from this run's data
-        vocab = draft_vocabulary(train_set, config.draft_vocab) if config.draft_vocab else start.draft_vocab
-    else:
-        vocab = draft_vocabulary(train_set, config.draft_vocab) if config.draft_vocab else None
+    # EAGLE-1 and Medusa heads draft through the target's own LM head, so a continued one's weights
+    # carry over to a vocabulary picked anew from this run's data
+    vocab = draft_vocabulary(train_set, config.draft_vocab) if config.draft_vocab else \
+        (start.draft_vocab if start is not None else None)
     torch.manual_seed(config.seed)
     if config.aux_layers:
         check_aux_layers(config.aux_layers, target.model.config.num_layers)
