@@ -42,7 +42,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "src"))
 
-from eaglespec.files import write_json  # noqa: E402
+from eaglespec.files import save_figure, write_json  # noqa: E402
 
 RESULTS = ROOT / "benchmarks" / "results" / "program"
 CACHE = Path(os.environ.get("EAGLESPEC_CACHE", Path.home() / ".cache" / "eaglespec")) / "program"
@@ -314,10 +314,7 @@ def plot() -> None:
         axis.grid(alpha=0.3)
         axis.legend(fontsize=8)
     fig.tight_layout()
-    out = RESULTS / "program.png"
-    tmp = out.with_name(".program.tmp.png")
-    fig.savefig(tmp, dpi=100)
-    os.replace(tmp, out)
+    save_figure(fig, RESULTS / "program.png")
     plt.close(fig)
 
 

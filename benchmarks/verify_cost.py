@@ -25,6 +25,7 @@ from tqdm import tqdm  # noqa: E402
 
 from common import FORMATS, PEER, formats_option, machine, write_json  # noqa: E402
 from eaglespec.bench.llamacpp import peer_gguf, programs  # noqa: E402
+from eaglespec.files import save_figure  # noqa: E402
 from eaglespec.models.load import load_target  # noqa: E402
 
 
@@ -108,9 +109,7 @@ def main() -> None:
         ax.grid(alpha=0.3)
         ax.legend(fontsize=8)
     fig.tight_layout()
-    png = args.out.with_suffix(".png")
-    fig.savefig(png.with_suffix(".tmp.png"), dpi=120)
-    png.with_suffix(".tmp.png").replace(png)
+    save_figure(fig, args.out.with_suffix(".png"), dpi=120)
 
 
 if __name__ == "__main__":

@@ -79,6 +79,9 @@ def test_bench_every_kind_of_method(tmp_path, monkeypatch):
     assert len(r["methods"]["eagle:chain:2"]["n_alpha"]) == 2 and "acceptance_by_depth" in r["methods"]["eagle:auto"]
     assert "speedup_vs_hf" in r["methods"]["eagle:auto"] and r["best"]["eagle"] in ("eagle:chain:2", "eagle:auto")
     assert (tmp_path / "r-speedup.png").stat().st_size > 0 and (tmp_path / "r-tau.png").stat().st_size > 0
+    from PIL import Image
+
+    assert Image.open(tmp_path / "r-tau.png").mode == "P"  # plots are saved in 256 colours (save_figure)
     assert markdown(r) in result.output
 
 

@@ -2,6 +2,7 @@
 
 import errno
 from dataclasses import replace
+import gzip
 import json
 import os
 import subprocess
@@ -296,20 +297,29 @@ def test_two_processes_under_torchrun_match_one(cfg, tmp_path):
 def test_regenerated_answers_are_the_targets_own_and_resume(tiny, dataset, tmp_path):
     from eaglespec.decoding.generate import chat_ids, generate
     from eaglespec.training.data import Conversation, ReadReport, read_conversations
-    from eaglespec.training.regenerate import RegenerateConfig, regenerate, regenerate_conversation
+    from eaglespec.training.regenerate import RegenerateConfig, answer_conversations, regenerate
 
     conversation = Conversation("r", [{"role": "user", "content": "Say something."},
                                       {"role": "assistant", "content": "original answer"},
                                       {"role": "user", "content": "More."},
                                       {"role": "assistant", "content": "second original"}])
     config = RegenerateConfig(str(tiny.folder), str(dataset), turns=0, max_new_tokens=6)
-    new, generated = regenerate_conversation(tiny, conversation, config)
+    [(new, generated)] = answer_conversations(tiny, [conversation], config)
     first = generate(tiny, chat_ids(tiny, [{"role": "user", "content": "Say something."}]), max_new_tokens=6)
     assert [m["role"] for m in new.messages] == ["user", "assistant", "user", "assistant"]
     assert new.messages[1]["content"] == first.text != "original answer"
     assert new.messages[3]["content"] != "second original" and generated > first.new_tokens
-    one_turn, _ = regenerate_conversation(tiny, conversation, replace(config, turns=1))
+    [(one_turn, _)] = answer_conversations(tiny, [conversation], replace(config, turns=1))
     assert one_turn.messages == new.messages[:2]
+    # answers decoded together are the ones decoded alone, whatever the batch size and however
+    # many turns each conversation has (here 2, 1 and 0 answers)
+    short = Conversation("s", conversation.messages[:2])
+    empty = Conversation("e", conversation.messages[:1])
+    alone = answer_conversations(tiny, [conversation, short, empty, conversation], config)
+    assert [c.id for c, _ in alone] == ["r", "s", "e", "r"] and alone[1][0].messages == new.messages[:2]
+    assert alone[2] == (Conversation("e", []), 0)
+    for batch_size in (2, 3):
+        assert answer_conversations(tiny, [conversation, short, empty, conversation], config, batch_size=batch_size) == alone
     # a dataset folder, shard by shard; an interrupted run resumes with the next shard
     config = RegenerateConfig(str(tiny.folder), str(dataset), limit=5, max_new_tokens=4, shard_size=2)
     out = tmp_path / "regen"
@@ -322,6 +332,11 @@ def test_regenerated_answers_are_the_targets_own_and_resume(tiny, dataset, tmp_p
     assert (out / "part-00000.jsonl.gz").read_bytes() == first_shard
     shards = json.loads((out / "manifest.json").read_text())["shards"]
     assert [s["method"] for s in shards.values()] == ["vanilla", "pld", "pld"]
+    # ... and so does the batch size: the folder redone 4 answers at a time is the same
+    together = tmp_path / "together"
+    regenerate(tiny, config, together, batch_size=4)
+    assert all(gzip.decompress((together / p.name).read_bytes()) == gzip.decompress(p.read_bytes())
+               for p in out.glob("part-*.jsonl.gz"))  # (gzip headers hold the time of writing)
     records = list(read_conversations(str(out), ReadReport()))
     ids = [r.id for r in records]
     assert len(ids) == 5 and ids == sorted(ids, key=lambda i: int(i[1:]))  # file order

@@ -3,6 +3,7 @@ write to a temporary name next to the target, then rename."""
 
 from __future__ import annotations
 
+import io
 import json
 import os
 import shutil
@@ -51,11 +52,16 @@ def write_folder(folder: Path, fill: Callable[[Path], None]) -> None:
     shutil.rmtree(old, ignore_errors=True)
 
 
-def save_figure(fig, path: Path) -> None:
-    """Save a matplotlib figure as PNG."""
+def save_figure(fig, path: Path, dpi: int = 100) -> None:
+    """Save a matplotlib figure as a PNG of at most 256 colours (a third of the full-colour file's
+    size, which keeps the committed plots within the tree's size budget; lines and text look the same)."""
+    from PIL import Image
+
     path = Path(path)
-    tmp = path.with_name(path.name + ".tmp")
-    fig.savefig(tmp, dpi=100, format="png", bbox_inches="tight")
+    buffer = io.BytesIO()
+    fig.savefig(buffer, dpi=dpi, format="png", bbox_inches="tight")
+    tmp = path.with_name(f".{path.name}.tmp{os.getpid()}")
+    Image.open(buffer).convert("RGB").quantize(256).save(tmp, format="PNG", optimize=True)
     os.replace(tmp, path)
 
 

@@ -4,7 +4,8 @@ Each conversation keeps its user turns (the first `turns` of them; 0 keeps all) 
 assistant turn is replaced by the target's greedy answer to the turns before it, decoded by the
 one decoding loop (greedy output is the target's own whatever the drafting method, so `method`
 only sets the speed; vanilla is the default, the fastest of vanilla / pld / eagle on a first
-8-conversation try on a CPU without bf16 instructions). The result is a dataset folder of gzip'd JSONL
+8-conversation try on a CPU without bf16 instructions). A shard's answers are decoded `batch_size`
+at a time (`loop.Scheduler`), which again sets only the speed. The result is a dataset folder of gzip'd JSONL
 shards (ShareGPT `conversations` records, the original ids kept, so the held-out split is the
 same) that `--data` reads like any other source. Shards are written under a temporary name and
 renamed when complete; a restart skips finished shards and resumes with the next one.
@@ -50,32 +51,61 @@ class RegenerateConfig:
             raise InvalidArgumentError("--max-new-tokens, --max-prompt-tokens and --shard-size must be >= 1")
 
 
-def regenerate_conversation(target: Target, conversation: Conversation, config: RegenerateConfig,
-                            method=None) -> tuple[Conversation, int]:
-    """The conversation with its assistant turns answered by the target (greedy), and the number
-    of tokens generated. Plain-text records are returned as they are."""
-    from eaglespec.decoding.generate import chat_ids, generate
+def answer_conversations(target: Target, conversations: list[Conversation], config: RegenerateConfig,
+                         method=None, batch_size: int = 1) -> list[tuple[Conversation, int]]:
+    """Each conversation with its assistant turns answered by the target (greedy), and the number
+    of tokens it generated; plain-text records are returned as they are. The conversations' k-th
+    answers are decoded `batch_size` at a time (`loop.Scheduler`: rows join as others finish); a
+    row's tokens are the ones it gets alone, so the batch size sets only the speed."""
+    from eaglespec.decoding.generate import chat_ids
+    from eaglespec.decoding.loop import Request, Row, Scheduler
+    from eaglespec.decoding.sampling import SamplingParams
 
-    if conversation.text is not None:
-        return conversation, 0
-    messages: list[dict[str, str]] = []
-    users, generated = 0, 0
-    for message in conversation.messages:
-        if message["role"] == "user":
-            users += 1
-            if config.turns and users > config.turns:
-                break
-        if message["role"] == "assistant":
-            ids = chat_ids(target, messages)
-            if len(ids) > config.max_prompt_tokens:
-                break
-            out = generate(target, ids, max_new_tokens=config.max_new_tokens, method=method)
-            generated += out.new_tokens
-            message = {"role": "assistant", "content": out.text}
-        messages.append(message)
-    while messages and messages[-1]["role"] != "assistant":
-        messages.pop()
-    return Conversation(conversation.id, messages), generated
+    messages: list[list[dict[str, str]]] = [[] for _ in conversations]
+    generated = [0] * len(conversations)
+    at = [0] * len(conversations)  # the next message of each conversation to take
+    users = [0] * len(conversations)
+    live = [k for k, c in enumerate(conversations) if c.text is None]
+    while live:
+        asks = []  # (conversation, prompt) of the conversations whose next message is an answer
+        for k in live:
+            ids = None
+            for message in conversations[k].messages[at[k]:]:
+                at[k] += 1
+                if message["role"] == "user":
+                    users[k] += 1
+                    if config.turns and users[k] > config.turns:
+                        break
+                if message["role"] == "assistant":
+                    ids = chat_ids(target, messages[k])
+                    break
+                messages[k].append(message)
+            if ids is not None and len(ids) <= config.max_prompt_tokens:
+                asks.append((k, ids))
+        params = SamplingParams(temperature=0.0)
+        rows = [Row(target.model, Request(ids, params, config.max_new_tokens, target.eos_token_ids,
+                                          method.bind(target, params) if method else None), n)
+                for n, (_, ids) in enumerate(asks)]
+        if rows:
+            scheduler = Scheduler(target.model, sum(sorted(row.slots for row in rows)[-batch_size:]), batch_size)
+            for row in rows:
+                scheduler.enqueue(row)
+            while not scheduler.idle:
+                scheduler.step()
+        for (k, _), row in zip(asks, rows):
+            generated[k] += len(row.tokens)
+            messages[k].append({"role": "assistant",
+                                "content": target.tokenizer.decode(row.tokens, skip_special_tokens=True)})
+        live = [k for k, _ in asks]
+    out = []
+    for conversation, kept, tokens in zip(conversations, messages, generated):
+        if conversation.text is not None:
+            out.append((conversation, 0))
+            continue
+        while kept and kept[-1]["role"] != "assistant":
+            kept.pop()
+        out.append((Conversation(conversation.id, kept), tokens))
+    return out
 
 
 def _record(conversation: Conversation) -> dict:
@@ -92,20 +122,21 @@ def _write_shard(path: Path, records: list[dict]) -> None:
     os.replace(tmp, path)
 
 
-def _record_progress(out: Path, shard: int, tokens: int, seconds: float, method: str) -> None:
-    """Per shard: generated tokens, wall seconds (the CPU hours behind the data) and the drafting method
-    (it sets only the speed, so one folder's shards may differ in it)."""
+def _record_progress(out: Path, shard: int, tokens: int, seconds: float, method: str, batch_size: int) -> None:
+    """Per shard: generated tokens, wall seconds (the CPU hours behind the data), the drafting method
+    and the batch size (they set only the speed, so one folder's shards may differ in them)."""
     manifest = out / "manifest.json"
     found = json.loads(manifest.read_text())
     found.setdefault("shards", {})[f"{shard:05d}"] = {"tokens": tokens, "seconds": round(seconds, 1),
-                                                       "method": method}
+                                                       "method": method, "batch_size": batch_size}
     write_json(found, manifest)
 
 
 def regenerate(target: Target, config: RegenerateConfig, out: Path, method=None,
-               max_minutes: float | None = None) -> dict:
+               max_minutes: float | None = None, batch_size: int = 1) -> dict:
     """Answer the split's conversations with the target into `out` (resumable); returns a summary.
-    `max_minutes` stops after the shard that passes it (run again to continue)."""
+    `max_minutes` stops after the shard that passes it (run again to continue); a shard's answers
+    are decoded `batch_size` at a time (the answers do not depend on it)."""
     out = Path(out)
     split = ExtractConfig(config.model, config.source, config.split, config.limit,
                           heldout_fraction=config.heldout_fraction, seed=config.seed, skip=config.skip)
@@ -120,16 +151,15 @@ def regenerate(target: Target, config: RegenerateConfig, out: Path, method=None,
     bar = tqdm(total=len(todo) * config.shard_size, unit="conv", desc="regenerating")
     done = 0
     for k in todo:
-        shard_start, tokens, records = time.monotonic(), 0, []
-        for conversation in conversations[k * config.shard_size:(k + 1) * config.shard_size]:
-            answered, generated = regenerate_conversation(target, conversation, config, method)
-            tokens += generated
-            if answered.text is not None or answered.messages:
-                records.append(_record(answered))
-            bar.update(1)
-            bar.set_postfix(tokens=tokens)
+        shard_start = time.monotonic()
+        answered = answer_conversations(target, conversations[k * config.shard_size:(k + 1) * config.shard_size],
+                                        config, method, batch_size)
+        tokens = sum(generated for _, generated in answered)
+        records = [_record(c) for c, _ in answered if c.text is not None or c.messages]
+        bar.update(len(answered))
+        bar.set_postfix(tokens=tokens)
         _write_shard(out / f"part-{k:05d}.jsonl.gz", records)
-        _record_progress(out, k, tokens, time.monotonic() - shard_start, config.method)
+        _record_progress(out, k, tokens, time.monotonic() - shard_start, config.method, batch_size)
         done += 1
         if max_minutes is not None and time.monotonic() - started > max_minutes * 60:
             break

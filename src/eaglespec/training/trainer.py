@@ -28,6 +28,7 @@ import torch.distributed as dist
 from tqdm import tqdm
 
 from eaglespec.errors import InvalidArgumentError
+from eaglespec.files import save_figure
 from eaglespec.heads.checkpoint import load_head, save_head
 from eaglespec.heads.head import HEAD_TYPES, DraftHead, check_aux_layers, make_head
 from eaglespec.models.load import load_target
@@ -414,7 +415,5 @@ def plot_curves(state: State, path: Path) -> None:
     b.grid(alpha=0.3)
     b.legend(fontsize=8)
     fig.tight_layout()
-    tmp = path.with_name(f".{path.stem}.tmp.png")
-    fig.savefig(tmp, dpi=100)
-    os.replace(tmp, path)
+    save_figure(fig, path)
     plt.close(fig)
