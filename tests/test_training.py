@@ -1,12 +1,12 @@
 """The training pipeline on a tiny target: extraction, loss, exact resume, Ctrl-C, DDP, n-alpha."""
 
 import errno
-from dataclasses import replace
 import gzip
 import json
 import os
 import subprocess
 import sys
+from dataclasses import replace
 from pathlib import Path
 
 import pytest

@@ -67,7 +67,7 @@ def answer_conversations(target: Target, conversations: list[Conversation], conf
     users = [0] * len(conversations)
     live = [k for k, c in enumerate(conversations) if c.text is None]
     while live:
-        asks = []  # (conversation, prompt) of the conversations whose next message is an answer
+        asks = []  # (index, prompt ids) of the conversations whose next message is an answer
         for k in live:
             ids = None
             for message in conversations[k].messages[at[k]:]:
