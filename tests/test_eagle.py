@@ -102,10 +102,11 @@ def test_auto_decodes_plainly_where_drafting_rounds_are_slower_and_probes_again(
         drafting.append(auto.drafting)
         now += 0.040 if auto.drafting else 0.010  # a drafting round: 2 tokens in 40 ms (50 tokens/s)
         auto.finish_round(2 if auto.drafting else 1, 1 if auto.drafting else 0)
-    # the first round drafts, then plain rounds, a drafting round after PROBE, twice as many, ... up
-    # to MAX_PROBE
-    assert (AutoSize.PROBE, AutoSize.MAX_PROBE) == (8, 32)
-    assert [i for i, d in enumerate(drafting) if d] == [0, 8, 24, 56, 88]
+    # the first PROBE_ROUNDS rounds draft (one round's tokens are too noisy to judge by), then plain
+    # rounds; each probe (PROBE_ROUNDS drafting rounds) that finds drafting slower doubles the wait,
+    # from PROBE up to MAX_PROBE rounds
+    assert (AutoSize.PROBE, AutoSize.MAX_PROBE, AutoSize.PROBE_ROUNDS) == (8, 32, 3)
+    assert [i for i, d in enumerate(drafting) if d] == [0, 1, 2, 18, 19, 20, 52, 53, 54, 86, 87, 88]
 
     # the next generation starts where this one stopped: plain, the probe after 31 plain rounds (11
     # of them ended this generation)
@@ -119,7 +120,17 @@ def test_auto_decodes_plainly_where_drafting_rounds_are_slower_and_probes_again(
         drafting.append(auto.drafting)
         now += 0.040 if auto.drafting else 0.010
         auto.finish_round(2 if auto.drafting else 1, 1 if auto.drafting else 0)
-    assert [i for i, d in enumerate(drafting) if d] == [20]
+    assert [i for i, d in enumerate(drafting) if d] == [20, 21, 22]
+
+    # one unlucky first round (1 token in 12 ms) does not stop drafting that pays after it (3 in 15 ms)
+    auto, drafting, now = AutoSize(VerifyCosts([0.0, 0.010, 0.012])), [], 0.0
+    for i in range(20):
+        auto.start_round(now)
+        drafting.append(auto.drafting)
+        tokens = 1 if not auto.drafting or i == 0 else 3
+        now += 0.010 if not auto.drafting else 0.012 if i == 0 else 0.015
+        auto.finish_round(tokens, tokens - 1)
+    assert all(drafting)
 
 
 def test_auto_charges_the_heads_catch_up_over_waiting_entries_to_the_rounds_without_a_draft():

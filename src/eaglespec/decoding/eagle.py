@@ -237,9 +237,12 @@ class AutoSize:
     once the next level's expected tokens are worth less than its time. Where even the best tree
     pays less than plain decoding (the measured tokens/s of drafting rounds below that of rounds
     without a draft: tokens over seconds, each summed with weight MEMORY^age over the rounds of its
-    kind; as on CPUs whose forwards cost in proportion to their tokens), rounds decode plainly, one
-    in PROBE drafting again to measure anew; each probe that finds drafting still slower doubles
-    the wait, up to MAX_PROBE rounds. The head's pass over the entries that waited through rounds
+    kind; as on CPUs whose forwards cost in proportion to their tokens), rounds decode plainly, and
+    after PROBE - 1 of them drafting starts again to measure anew. Every run of drafting rounds (the
+    generation's first included) is a probe of at least PROBE_ROUNDS rounds, since the tokens one
+    round accepts vary too much to judge by (one unlucky first round used to stop drafting for the
+    rest of a short answer); each probe that ends with drafting still slower doubles the wait, up
+    to MAX_PROBE rounds. The head's pass over the entries that waited through rounds
     without a draft counts as those rounds' time, and its pass over the prompt as no round's
     (`catch_up`). A generation starts from what the `earlier` one learned (the calibration, both
     rates, the plain rounds towards the next probe and the probe's wait), so that a process that
@@ -247,6 +250,7 @@ class AutoSize:
     """
 
     PROBE, MAX_PROBE = 8, 32
+    PROBE_ROUNDS = 3
     MEMORY = 0.9
     CALIBRATION_MEMORY = 0.98  # per drafting round, of the sums behind the calibration
 
@@ -259,12 +263,15 @@ class AutoSize:
         self.plain = list(self.drafted)
         self.drafting = True  # whether this round drafts
         self.plain_rounds = 0  # rounds without a draft since the last drafting one
+        self.streak = 0  # drafting rounds since the last one without a draft
         self.probe = self.PROBE  # a drafting round after this many rounds (plain ones before it)
         if earlier is not None:
             self.accepted, self.predicted = earlier.accepted, earlier.predicted
             self.drafted, self.plain = list(earlier.drafted), list(earlier.plain)
-            # the earlier generation's last round was not measured; a plain one still counts towards the probe
+            # the earlier generation's last round was not measured; a plain one still counts towards the
+            # probe, a drafting one towards the probe's rounds
             self.plain_rounds, self.probe = earlier.plain_rounds + (not earlier.drafting), earlier.probe
+            self.drafting, self.streak = earlier.drafting, earlier.streak + 1 if earlier.drafting else 0
         self.plain_total = 0
         self.level_time = 0.0  # the last draft level's seconds
         self.round_start = 0.0
@@ -276,12 +283,14 @@ class AutoSize:
         if self.round_tokens:  # the last round of this generation, measured
             sums = self.drafted if self.drafting else self.plain
             sums[:] = [self.MEMORY * sums[0] + self.round_tokens, self.MEMORY * sums[1] + now - self.round_start]
+            self.plain_rounds = 0 if self.drafting else self.plain_rounds + 1
+            self.streak = self.streak + 1 if self.drafting else 0
             if self.rate >= self.plain_rate:
                 self.probe = self.PROBE
-            elif self.drafting and self.plain_rounds >= self.probe - 1:  # a probe found drafting still slower
+            elif self.streak == self.PROBE_ROUNDS:  # a probe found drafting still slower
                 self.probe = min(2 * self.probe, self.MAX_PROBE)
-            self.plain_rounds = 0 if self.drafting else self.plain_rounds + 1
-        self.drafting = self.rate >= self.plain_rate or self.plain_rounds >= self.probe - 1
+        self.drafting = (self.rate >= self.plain_rate or self.plain_rounds >= self.probe - 1
+                         or 0 < self.streak < self.PROBE_ROUNDS)
         self.plain_total += not self.drafting
         self.round_start, self.round_tokens = now, 0
 
