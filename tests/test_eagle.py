@@ -61,6 +61,7 @@ def test_cli_eagle(monkeypatch):
     out = json.loads(result.output)
     assert out["method"] == "eagle" and out["tree"] == "chain:3" and out["new_tokens"] >= 1
     assert math.isclose(out["speedup"], out["tokens_per_s"] / out["vanilla_tokens_per_s"])
+    assert out["same_tokens_as_vanilla"] is True  # greedy, in the default bf16
     # one alpha per depth the chain of 3 reached (a depth is reported once a draft got there)
     assert 1 <= len(out["n_alpha"]) <= 3 and math.isclose(out["tau"], out["new_tokens"] / out["target_forwards"])
     for args, message in [(["--tree", "chain:"], "unknown tree"), (["--temperature", "-1"], "temperature"),

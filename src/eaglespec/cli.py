@@ -146,10 +146,13 @@ def generate(model_spec: str, prompt: str, chat: bool, max_new_tokens: int, temp
     if compare_vanilla:
         vanilla = model.generate(prompt, **(settings | {"method": "vanilla"}))
         speedup = generation.output.tokens_per_s / vanilla.tokens_per_s
+        # greedy decoding is lossless token for token; sampling only in distribution (other draws)
+        same = generation.output.token_ids == vanilla.token_ids if temperature == 0 else None
         if as_json:
-            result |= {"vanilla_tokens_per_s": vanilla.tokens_per_s, "speedup": speedup}
+            result |= {"vanilla_tokens_per_s": vanilla.tokens_per_s, "speedup": speedup, "same_tokens_as_vanilla": same}
         else:
-            click.echo(f"{_timing(vanilla)}\nspeedup over vanilla: {speedup:.2f}x", err=True)
+            check = "" if same is None else f", same tokens as vanilla: {'yes' if same else 'NO'}"
+            click.echo(f"{_timing(vanilla)}\nspeedup over vanilla: {speedup:.2f}x{check}", err=True)
     if as_json:
         click.echo(json.dumps(result))
 
