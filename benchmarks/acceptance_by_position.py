@@ -22,7 +22,7 @@ from pathlib import Path
 import torch
 
 BUCKETS = (0, 8, 16, 32, 64, 128, 256, 512)  # bucket i: answer positions [BUCKETS[i], BUCKETS[i + 1])
-DEMO_PROMPT = "Explain in three sentences why the sky is blue."
+SKY_PROMPT = "Explain in three sentences why the sky is blue."  # the main command's prompt until 2026-12-05
 
 
 def is_loop(answer: list[int], n: int = 8) -> bool:
@@ -84,7 +84,7 @@ def main() -> None:
         groups["own answers, loops" if is_loop(answer) else "own answers, not loops"].add(hit, scored)
 
     fresh = []
-    prompts = [DEMO_PROMPT, *(item.turns[0] for item in load_items("mt-bench", args.fresh))]
+    prompts = [SKY_PROMPT, *(item.turns[0] for item in load_items("mt-bench", args.fresh))]
     for prompt in prompts:
         ids = prompt_ids(target, prompt, chat=True)
         out = generate(target, ids, max_new_tokens=128)

@@ -20,7 +20,7 @@ from eaglespec.api import load
 from eaglespec.bench.datasets import load_items
 from eaglespec.decoding.eagle import AutoSize
 
-SKY = "Explain in three sentences why the sky is blue."  # the main command's prompt
+SKY = "Explain in three sentences why the sky is blue."  # the main command's prompt until 2026-12-05
 
 
 def main() -> None:
