@@ -1,7 +1,7 @@
 """Where a head's drafts miss: 0-alpha (the draft's top-1 against the target's greedy token, true
 features) by position in the answer, on the target's own answers to held-out prompts, loops apart
-from the rest, and on its greedy answers to fresh prompts (the sky prompt, the README demo's until 2026-12-05, and the first turns
-of MT-bench), each answer scored alone.
+from the rest, and on its greedy answers to fresh prompts (the sky prompt, the README demo's until
+2026-12-05, and the first turns of MT-bench), each answer scored alone.
 
     .venv/bin/python benchmarks/acceptance_by_position.py MODEL [--head default] [--limit 47]
         [--data data/regenerated/MODEL-heldout] [--fresh 10]
