@@ -271,7 +271,7 @@ class AutoSize:
             # the earlier generation's last round was not measured; a plain one still counts towards the
             # probe, a drafting one towards the probe's rounds
             self.plain_rounds, self.probe = earlier.plain_rounds + (not earlier.drafting), earlier.probe
-            self.drafting, self.streak = earlier.drafting, earlier.streak + 1 if earlier.drafting else 0
+            self.streak = earlier.streak + 1 if earlier.drafting else 0
         self.plain_total = 0
         self.level_time = 0.0  # the last draft level's seconds
         self.round_start = 0.0
