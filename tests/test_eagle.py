@@ -216,8 +216,9 @@ def test_auto_starts_a_generation_from_what_the_last_one_learned(smollm2, shippe
     vanilla = generate(smollm2, prompt, chat=True, max_new_tokens=40)
     first = generate(smollm2, prompt, chat=True, max_new_tokens=40, method=method)
     ((learned,),) = (d.values() for d in method.learned.values())  # one target, one sampling setting
-    # as if drafting had paid 1 token/s: plain rounds, a probe after PROBE - 1 of them
-    learned.drafted, learned.drafting, learned.plain_rounds, learned.probe = [1.0, 1.0], False, 0, AutoSize.PROBE
+    # as if drafting had paid 0.001 token/s: plain rounds, a probe after PROBE - 1 of them (so slow
+    # that the probe's PROBE_ROUNDS rounds cannot lift it above plain decoding on a loaded machine)
+    learned.drafted, learned.drafting, learned.plain_rounds, learned.probe = [1.0, 1000.0], False, 0, AutoSize.PROBE
     second = generate(smollm2, prompt, chat=True, max_new_tokens=40, method=method)
     assert first.token_ids == second.token_ids == vanilla.token_ids
     ((again,),) = (d.values() for d in method.learned.values())
