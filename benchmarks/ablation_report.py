@@ -1,8 +1,9 @@
 """The README's ablation tables, from what benchmarks/ablations.sh wrote: held-out n-alpha per
 epoch of each ablation head (same data and budget), the objectives ablation (per budget in
 objectives-Nmin/, one time budget for every head: the final held-out n-alpha, and a plot of 0-alpha
-against training minutes), and the bench
-runs of the tree and data ablations.
+against training minutes), the draft-quality ablation (quality-Nmin/: per head n-alpha on the
+target's own and on human answers and MT-bench tau and speedup), and the bench runs of the tree and
+data ablations.
 
     .venv/bin/python benchmarks/ablation_report.py   # writes benchmarks/results/ablations/summary.md
 """
@@ -28,6 +29,37 @@ def objectives_table(paths: list[Path]) -> str:
         lines.append(f"| {path.stem} | {train['head_type']} | {train['loss']} | {train['unroll']} "
                      f"| {meta['eval_seconds'][-1] / 60:.1f} | {meta['train_seconds'] / 60:.1f} | {last['step']} "
                      f"| {epochs:.2f} | {alphas} |")
+    return "\n".join(lines)
+
+
+def quality_heads(folder: Path) -> list[Path]:
+    """The heads of a quality-Nmin/ folder that have their evaluations (NAME.json beside NAME-own.json)."""
+    return sorted(p for p in folder.glob("*.json") if (folder / f"{p.stem}-own.json").is_file())
+
+
+def quality_table(heads: list[Path]) -> str:
+    """One row per head of quality-Nmin/: its recipe, held-out n-alpha (eval-head) on the target's
+    own answers and on human ones, MT-bench speedup over vanilla and tau per tree."""
+    lines = ["| head | data | type | loss | unrolled steps | steps | epochs | own answers: 0..4-alpha "
+             "| human answers: 0..4-alpha | MT-bench, EAGLE-1 tree: speedup, tau | MT-bench, auto: speedup, tau |",
+             "|" + "---|" * 11]
+
+    def read(path: Path) -> dict | None:
+        return json.loads(path.read_text()) if path.is_file() else None
+
+    for path in heads:
+        meta = json.loads(path.read_text())["eaglespec"]
+        train, last = meta["train"], meta["evals"][-1]
+        epochs = last["step"] * train["batch_conversations"] / meta["train_conversations"]
+        cells = []
+        for text in ("own", "human"):
+            result = read(path.with_name(f"{path.stem}-{text}.json"))
+            cells.append(", ".join(f"{a:.3f}" for a in result["alpha"]) if result else "-")
+        methods = (read(path.with_name(f"{path.stem}-mt-bench.json")) or {"methods": {}})["methods"]
+        for m in ("eagle:eagle1", "eagle:auto"):
+            cells.append(f"{methods[m]['speedup']:.2f}x, {methods[m]['tau']:.2f}" if m in methods else "-")
+        lines.append(f"| {path.stem} | {path.stem.split('-')[0]} | {train['head_type']} | {train['loss']} "
+                     f"| {train['unroll']} | {last['step']} | {epochs:.2f} | " + " | ".join(cells) + " |")
     return "\n".join(lines)
 
 
@@ -76,6 +108,10 @@ def main() -> None:
         objectives = sorted(folder.glob("*.json"))  # one per head, at the folder's budget
         parts.append(f"**{folder.name}**\n\n" + objectives_table(objectives))
         plot_objectives(objectives, RESULTS / f"{folder.name}-alpha.png")
+    for folder in sorted(RESULTS.glob("quality-*min"), key=lambda p: float(p.name[len("quality-"):-3])):
+        heads = quality_heads(folder)
+        parts.append(f"**{folder.name}**\n\n" + quality_table(heads))
+        plot_objectives(heads, RESULTS / f"{folder.name}-alpha.png")
     for path in sorted(RESULTS.glob("*.json")):
         result = json.loads(path.read_text())
         head = result["config"]["head"]  # a run folder's head/ under the cache: name the run

@@ -9,6 +9,9 @@
 #     bash benchmarks/ablations.sh objectives  # SmolLM2 heads at one time budget each: EAGLE-1's loss vs
 #                                          # the token-level objectives, 1 / 3 / 5 unrolled steps
 #                                          # (training-time test), EAGLE-1 vs EAGLE-3
+#     BUDGET=30 bash benchmarks/ablations.sh quality  # the same comparisons, and human vs own vs mixed
+#                                          # answers, on the target's own answers, with n-alpha on both
+#                                          # kinds of text and MT-bench tau and speedup per head
 set -euo pipefail
 cd "$(dirname "$0")/.."
 E=.venv/bin/eaglespec
@@ -38,7 +41,7 @@ bench() {  # NAME [bench options]
     [[ -f "$OUT/$name.json" ]] || $E bench --model $M --threads 2 --max-new-tokens 128 --out "$OUT/$name.json" "$@"
 }
 
-case "${1:?usage: ablations.sh trees|heads|data}" in
+case "${1:?usage: ablations.sh trees|heads|data|objectives|quality}" in
     trees)
         for T in 0 1; do
             bench "trees-mt-bench-t$T" --head default --dataset mt-bench --limit 10 --temperature $T \
@@ -93,5 +96,50 @@ case "${1:?usage: ablations.sh trees|heads|data}" in
         budget obj-accept --loss accept
         budget obj-topk --loss ce:1,topk:1                  # HASS's top-K term beside the CE
         budget unroll-5 --loss ce --unroll 5 ;;
-    *) echo "unknown ablation '$1': trees, heads, data or objectives" >&2; exit 1 ;;
+    quality)
+        # issue 12's draft-quality ablation: heads from scratch, BUDGET minutes of training each (CPU
+        # time per thread, the lr decaying to 0 at the budget) on the same first N training prompts:
+        # their answers by the target itself (data/regenerated/$M, as the long program trains on), by
+        # ShareGPT's humans, or both; every answer cut at 192 tokens; bf16 target forwards for the
+        # training features, fp32 for the held-out ones. Per head, in quality-BUDGETmin/: its config
+        # (with the training-time evaluations on own answers), n-alpha on 50 held-out prompts' own
+        # and human answers (eval-head, fp32), and MT-bench (10 questions, greedy) with the paper's
+        # tree and with auto. Every step skips what is done; a run stopped midway resumes.
+        BUDGET=${BUDGET:-30}
+        N=1000
+        OWN=data/regenerated/$M
+        Q=$OUT/quality-${BUDGET}min
+        A=(--model $M --aux-layers eagle3 --threads 2)
+        $E extract "${A[@]}" --split heldout --data "$OWN-heldout" --limit 50 --dtype float32 --out "$F/q-own-heldout"
+        $E extract "${A[@]}" --split train --data "$OWN" --limit $N --answer-tokens 192 --dtype bfloat16 --out "$F/q-own"
+        $E extract "${A[@]}" --split train --limit $N --answer-tokens 192 --dtype bfloat16 --out "$F/q-human"
+        $E extract "${A[@]}" --split train --data "$OWN:1,sharegpt:1" --limit $((2 * N)) --answer-tokens 192 \
+            --dtype bfloat16 --reuse "$F/q-own" --out "$F/q-mixed"  # the own half copied
+        mkdir -p "$Q"
+        quality() {  # NAME FEATURES [train options]
+            local name=$1 features=$2 run=$RUNS/quality-$1-${BUDGET}min
+            shift 2
+            $E train --model $M --train-features "$F/$features" --heldout-features "$F/q-own-heldout" --out "$run" \
+                --epochs 1000 --budget-minutes "$BUDGET" "${RECIPE[@]}" "$@"  # a finished run returns at once
+            cp "$run/head/config.json" "$Q/$name.json"
+            for text in own human; do
+                [[ -f "$Q/$name-$text.json" ]] && continue
+                data=$([[ $text == own ]] && echo "$OWN-heldout" || echo sharegpt)
+                $E eval-head --model $M --head "$run/head" --data "$data" --limit 50 --dtype float32 --threads 2 \
+                    --json | tail -n 1 > "$Q/$name-$text.json.tmp" && mv "$Q/$name-$text.json.tmp" "$Q/$name-$text.json"
+            done
+            [[ -f "$Q/$name-mt-bench.json" ]] || $E bench --model $M --head "$run/head" --dataset mt-bench --limit 10 \
+                --temperature 0 --max-new-tokens 128 --threads 2 --methods vanilla,eagle:eagle1,eagle:auto \
+                --out "$Q/$name-mt-bench.json"
+        }
+        quality own-eagle1 q-own                              # feature:1,ce:0.1, one step (EAGLE-1)
+        quality own-ce q-own --loss ce
+        quality own-accept q-own --loss accept
+        quality own-topk q-own --loss ce:1,topk:1
+        quality own-unroll-3 q-own --loss ce --unroll 3
+        quality own-unroll-5 q-own --loss ce --unroll 5
+        quality own-eagle3-unroll-3 q-own --head-type eagle3 --loss ce --unroll 3
+        quality human-eagle1 q-human
+        quality mixed-eagle1 q-mixed ;;
+    *) echo "unknown ablation '$1': trees, heads, data, objectives or quality" >&2; exit 1 ;;
 esac
