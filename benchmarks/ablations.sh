@@ -114,7 +114,7 @@ case "${1:?usage: ablations.sh trees|heads|data|objectives|quality}" in
         $E extract "${A[@]}" --split train --data "$OWN" --limit $N --answer-tokens 192 --dtype bfloat16 --out "$F/q-own"
         $E extract "${A[@]}" --split train --limit $N --answer-tokens 192 --dtype bfloat16 --out "$F/q-human"
         $E extract "${A[@]}" --split train --data "$OWN:1,sharegpt:1" --limit $((2 * N)) --answer-tokens 192 \
-            --dtype bfloat16 --reuse "$F/q-own" --out "$F/q-mixed"  # the own half copied
+            --dtype bfloat16 --reuse "$F/q-human" --out "$F/q-mixed"  # the (longer) human half copied
         mkdir -p "$Q"
         quality() {  # NAME FEATURES [train options]
             local name=$1 features=$2 run=$RUNS/quality-$1-${BUDGET}min
