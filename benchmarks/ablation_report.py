@@ -39,10 +39,13 @@ def quality_heads(folder: Path) -> list[Path]:
 
 def quality_table(heads: list[Path]) -> str:
     """One row per head of quality-Nmin/: its recipe, held-out n-alpha (eval-head) on the target's
-    own answers and on human ones, MT-bench speedup over vanilla and tau per tree."""
+    own answers and on human ones, MT-bench speedup over vanilla and tau per tree, and the vanilla
+    speed and CPU of that bench run (heads measured in different sessions may have had different
+    machines: each speedup is against vanilla in its own run)."""
     lines = ["| head | data | type | loss | unrolled steps | steps | epochs | own answers: 0..4-alpha "
-             "| human answers: 0..4-alpha | MT-bench, EAGLE-1 tree: speedup, tau | MT-bench, auto: speedup, tau |",
-             "|" + "---|" * 11]
+             "| human answers: 0..4-alpha | MT-bench, EAGLE-1 tree: speedup, tau | MT-bench, auto: speedup, tau "
+             "| MT-bench vanilla tok/s (CPU) |",
+             "|" + "---|" * 12]
 
     def read(path: Path) -> dict | None:
         return json.loads(path.read_text()) if path.is_file() else None
@@ -55,9 +58,12 @@ def quality_table(heads: list[Path]) -> str:
         for text in ("own", "human"):
             result = read(path.with_name(f"{path.stem}-{text}.json"))
             cells.append(", ".join(f"{a:.3f}" for a in result["alpha"]) if result else "-")
-        methods = (read(path.with_name(f"{path.stem}-mt-bench.json")) or {"methods": {}})["methods"]
+        bench = read(path.with_name(f"{path.stem}-mt-bench.json")) or {"methods": {}}
+        methods = bench["methods"]
         for m in ("eagle:eagle1", "eagle:auto"):
             cells.append(f"{methods[m]['speedup']:.2f}x, {methods[m]['tau']:.2f}" if m in methods else "-")
+        cells.append(f"{methods['vanilla']['tokens_per_s']:.1f} ({bench['machine']['cpu_capability']})"
+                     if "vanilla" in methods else "-")
         lines.append(f"| {path.stem} | {path.stem.split('-')[0]} | {train['head_type']} | {train['loss']} "
                      f"| {train['unroll']} | {last['step']} | {epochs:.2f} | " + " | ".join(cells) + " |")
     return "\n".join(lines)
