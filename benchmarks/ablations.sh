@@ -112,13 +112,13 @@ case "${1:?usage: ablations.sh trees|heads|data|objectives|quality}" in
         A=(--model $M --aux-layers eagle3 --threads 2)
         $E extract "${A[@]}" --split heldout --data "$OWN-heldout" --limit 50 --dtype float32 --out "$F/q-own-heldout"
         $E extract "${A[@]}" --split train --data "$OWN" --limit $N --answer-tokens 192 --dtype bfloat16 --out "$F/q-own"
-        $E extract "${A[@]}" --split train --limit $N --answer-tokens 192 --dtype bfloat16 --out "$F/q-human"
-        $E extract "${A[@]}" --split train --data "$OWN:1,sharegpt:1" --limit $((2 * N)) --answer-tokens 192 \
-            --dtype bfloat16 --reuse "$F/q-human" --out "$F/q-mixed"  # the (longer) human half copied
         mkdir -p "$Q"
         quality() {  # NAME FEATURES [train options]
             local name=$1 features=$2 run=$RUNS/quality-$1-${BUDGET}min
             shift 2
+            local done=1 f  # a finished head's results stay, even where its run folder is gone
+            for f in "" -own -human -mt-bench; do [[ -f "$Q/$name$f.json" ]] || done=0; done
+            (( done )) && return
             $E train --model $M --train-features "$F/$features" --heldout-features "$F/q-own-heldout" --out "$run" \
                 --epochs 1000 --budget-minutes "$BUDGET" "${RECIPE[@]}" "$@"  # a finished run returns at once
             cp "$run/head/config.json" "$Q/$name.json"
@@ -139,6 +139,11 @@ case "${1:?usage: ablations.sh trees|heads|data|objectives|quality}" in
         quality own-unroll-3 q-own --loss ce --unroll 3
         quality own-unroll-5 q-own --loss ce --unroll 5
         quality own-eagle3-unroll-3 q-own --head-type eagle3 --loss ce --unroll 3
+        # the human and mixed features are extracted only when their heads are due (a fresh machine's
+        # session then spends its first minutes on the own-answer heads' features alone)
+        $E extract "${A[@]}" --split train --limit $N --answer-tokens 192 --dtype bfloat16 --out "$F/q-human"
+        $E extract "${A[@]}" --split train --data "$OWN:1,sharegpt:1" --limit $((2 * N)) --answer-tokens 192 \
+            --dtype bfloat16 --reuse "$F/q-human" --out "$F/q-mixed"  # the (longer) human half copied
         quality human-eagle1 q-human
         quality mixed-eagle1 q-mixed ;;
     *) echo "unknown ablation '$1': trees, heads, data, objectives or quality" >&2; exit 1 ;;
