@@ -8,7 +8,7 @@
 # - SafeAILab's official runtime (eagle-llm 1.2.1) with transformers 4.36.2, in .venv-eagle, without
 #   its web-demo and training dependencies (gradio, wandb, fschat, ...). It runs Llama targets only.
 # - llama.cpp (built by scripts/setup_llamacpp.sh), for the models that have an EAGLE-3 head in
-#   heads/eagle3/ (benchmarks/train_eagle3.sh): it drafts with no other head type.
+#   src/eaglespec/heads/shipped/eagle3/ (benchmarks/recipes/train_eagle3.sh): it drafts with no other head type.
 #     bash scripts/test-interop.sh [MODEL ...]     (default: smollm2-135m-instruct qwen2.5-coder-0.5b-instruct)
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -28,13 +28,13 @@ fi
 models=("$@")
 [ ${#models[@]} -gt 0 ] || models=(smollm2-135m-instruct qwen2.5-coder-0.5b-instruct)
 for model in "${models[@]}"; do
-    .venv/bin/python benchmarks/interop.py "$model" --engine vllm
+    .venv/bin/python benchmarks/experiments/interop.py "$model" --engine vllm
     dir=$(.venv/bin/python -c "from eaglespec.models.load import resolve; print(resolve('$model'))")
     if grep -q '"model_type": "llama"' "$dir/config.json"; then
-        .venv/bin/python benchmarks/interop.py "$model" --engine eagle-llm
+        .venv/bin/python benchmarks/experiments/interop.py "$model" --engine eagle-llm
     fi
-    if [ -f "heads/eagle3/$model/config.json" ]; then
+    if [ -f "src/eaglespec/heads/shipped/eagle3/$model/config.json" ]; then
         bash scripts/setup_llamacpp.sh >/dev/null
-        .venv/bin/python benchmarks/interop.py "$model" --engine llama.cpp --head "heads/eagle3/$model"
+        .venv/bin/python benchmarks/experiments/interop.py "$model" --engine llama.cpp --head "src/eaglespec/heads/shipped/eagle3/$model"
     fi
 done

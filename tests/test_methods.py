@@ -278,19 +278,20 @@ def chi_square_p_value(counts: list[int], probs: list[float]) -> float:
                                          torch.tensor(stat / 2, dtype=torch.float64)))
 
 
+SAMPLING_PROMPT = "The best way to learn programming is practice. The best way to learn"
+
+
 @pytest.mark.parametrize("spec", ["eagle:eagle1", "eagle:dynamic:topk=3,depth=3,tokens=8", "eagle3-exit:eagle1",
                                   "sps:3", "pld:3", "hybrid", "lookahead"])
 def test_sampling_matches_the_target_distribution(smollm2, smollm2_hf, make, spec):
     """The first 3 tokens of 300 seeded samples at temperature 1 against their exact vanilla
-    probabilities: a chi-square test over 15 bins (see `exact_bins`), rejecting at p < 1e-3.
+    probabilities: a chi-square test over the bins of `exact_bins` (16 here), rejecting at p <= 1e-3.
 
-    Power, simulated for these bins by benchmarks/chi_square_power.py (2,000 runs each): moving a
-    total variation of 0.05 from the likeliest bin to the rest is caught 14% of the time, 0.10 in
-    94%; exact samples fail 0.25% of the time. The seeds are fixed: the outcome never changes.
+    Its power on these bins is the next test's. The seeds are fixed: the outcome never changes.
     The prompt repeats itself, so that prompt lookup finds drafts to verify.
     """
     method = make(spec)
-    ids = smollm2.tokenizer("The best way to learn programming is practice. The best way to learn")["input_ids"]
+    ids = smollm2.tokenizer(SAMPLING_PROMPT)["input_ids"]
     n = 300
     bins = exact_bins(smollm2_hf, ids, n)
     assert len(bins) >= 10  # enough spread for the test to mean something
@@ -303,6 +304,29 @@ def test_sampling_matches_the_target_distribution(smollm2, smollm2_hf, make, spe
     assert drafted > n // 10  # drafts were accepted, and so also tested
     probs = [*bins.values(), 1 - sum(bins.values())]
     assert chi_square_p_value(list(counts.values()), probs) > 1e-3
+
+
+def test_the_sampling_test_catches_a_shifted_distribution(smollm2, smollm2_hf):
+    """The power of the chi-square test above on its own bins, simulated: 1,000 runs of 300 draws
+    from the exact distribution are rejected at most 1% of the time (p < 1e-3 expects 0.1%), and
+    from one with a total variation of 0.10 moved from the likeliest bin to the rest at least 80%."""
+    n, runs = 300, 1000
+    bins = exact_bins(smollm2_hf, smollm2.tokenizer(SAMPLING_PROMPT)["input_ids"], n)
+    exact = torch.tensor([*bins.values(), 1 - sum(bins.values())], dtype=torch.float64)
+    generator = torch.Generator().manual_seed(0)
+
+    def rejected(distribution: torch.Tensor) -> float:
+        draws = torch.multinomial(distribution.expand(runs, -1), n, replacement=True, generator=generator)
+        counts = torch.zeros(runs, len(exact), dtype=torch.int64).scatter_add_(1, draws, torch.ones_like(draws))
+        return sum(chi_square_p_value(c.tolist(), exact.tolist()) <= 1e-3 for c in counts) / runs
+
+    shifted = exact.clone()
+    top = int(exact[:-1].argmax())
+    shifted[top] -= 0.10
+    shifted[-1] += 0.10
+    false, caught = rejected(exact), rejected(shifted)
+    print(f"{len(bins)} bins: exact samples rejected {false:.3f}, a shift of 0.10 caught {caught:.3f}")
+    assert false <= 0.01 and caught >= 0.80
 
 
 def test_prompt_lookup_drafts_the_latest_longest_match():

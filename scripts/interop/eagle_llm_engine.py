@@ -1,4 +1,4 @@
-"""The official runtime's side of benchmarks/interop.py, run in its own environment (SafeAILab's
+"""The official runtime's side of benchmarks/experiments/interop.py, run in its own environment (SafeAILab's
 `eagle-llm` 1.2.1 with the transformers 4.36.2 it was written for, without eaglespec): its EaModel
 on the given prompt token ids, one at a time, greedy, with the head exported by `eaglespec export
 --format official`, drafting and verifying a chain of k tokens ([[0], [0, 0], ...]), or its plain

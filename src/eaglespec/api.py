@@ -74,7 +74,7 @@ def load(model: str = DEFAULT_MODEL, head: str | None = "default", dtype: str = 
     ('default': the one we ship for the model, where there is one, else none; a folder from
     `eaglespec train`; None: no head), optionally a smaller draft model with the same tokenizer
     for classic speculative sampling, and optionally a Medusa head (a folder, or 'default': the
-    one shipped in heads/medusa/) for `medusa`. `weights` int8 / int4 runs the target's matrices
+    one we ship) for `medusa`. `weights` int8 / int4 runs the target's matrices
     quantized (CPU). Generation uses EAGLE where a head is loaded, else vanilla decoding."""
     target = load_target(model, dtype, device, weights)
     if head == "default" and shipped_head(target.name) is None:

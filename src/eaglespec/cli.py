@@ -91,7 +91,7 @@ def fetch(name: str) -> None:
                    "(where there is one).")
 @click.option("--medusa-head", "medusa_spec", default="default", show_default=True,
               help="Medusa head for --method medusa: a folder from `eaglespec train --head-type medusa`, or "
-                   "'default' for the one we ship in heads/medusa/.")
+                   "'default' for the one we ship for the model.")
 @click.option("--tree", default="auto", show_default=True,
               help="EAGLE draft tree: eagle1 | chain:K | dynamic[:topk=T,depth=D,tokens=N] | auto.")
 @click.option("--draft-model", default=None, help="Draft model for sps (same tokenizer as --model).")
@@ -439,7 +439,7 @@ def export(model_spec: str, head_spec: str, fmt: str, out: str, force: bool) -> 
               help="EAGLE head for the eagle methods: a folder or 'default'.")
 @click.option("--medusa-head", "medusa_spec", default="default", show_default=True,
               help="Medusa head for --method medusa: a folder from `eaglespec train --head-type medusa`, or "
-                   "'default' for the one we ship in heads/medusa/.")
+                   "'default' for the one we ship for the model.")
 @click.option("--dataset", default="mt-bench", show_default=True,
               help="mt-bench | humaneval | sharegpt (held-out split) | a .jsonl/.json file of prompts.")
 @click.option("--limit", default=10, show_default=True, help="Items to run (0: all).")
@@ -504,6 +504,27 @@ def bench(model_spec, head_spec, medusa_spec, dataset, limit, methods, temperatu
 
 
 @main.command()
+@click.argument("suite_file", type=click.Path(dir_okay=False))
+@click.option("--out", default=None, type=click.Path(file_okay=False),
+              help="The folder of the results (default: the suite's `out`), e.g. one per machine.")
+@click.option("--only", default="", help="Only the runs whose file name contains this, e.g. smollm2.")
+@click.option("--list", "list_only", is_flag=True, help="List the runs and whether each is done; run nothing.")
+def suite(suite_file, out, only, list_only) -> None:
+    """Run a benchmark suite (benchmarks/suites/*.toml): the runs whose JSON is missing, then its table."""
+    from pathlib import Path
+
+    from eaglespec.bench.suite import Suite
+
+    found = Suite.read(Path(suite_file), out and Path(out))
+    if list_only:
+        for run in found.runs:
+            done = (found.out / run.creates).exists()
+            click.echo(f"{'done' if done else 'to run':7s} {found.out / run.creates}" + (f" ({run.note})" if run.note else ""))
+        return
+    found.run(only, echo=click.echo)
+
+
+@main.command()
 @click.option("--model", "model_spec", default=DEFAULT_MODEL, show_default=True,
               help="Bundled model name, Hugging Face folder, or .gguf file.")
 @click.option("--head", "head_spec", default="default", show_default=True,
@@ -542,9 +563,12 @@ def serve(model_spec: str, head_spec: str, method: str | None, host: str, port: 
     import threading
 
     import torch
-    import uvicorn
 
     from eaglespec.api import load
+    from eaglespec.optional import require
+
+    uvicorn = require("uvicorn", "serve", "eaglespec serve")
+    require("fastapi", "serve", "eaglespec serve")
     from eaglespec.serve.app import Settings, create_app
 
     if threads:

@@ -26,10 +26,14 @@ def json_text(value, depth: int = 0) -> str:
 
 
 def write_json(data: dict, path: Path) -> None:
+    write_text(json_text(data) + "\n", path)
+
+
+def write_text(text: str, path: Path) -> None:
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(f"{path.name}.tmp{os.getpid()}")
-    tmp.write_text(json_text(data) + "\n")
+    tmp.write_text(text)
     os.replace(tmp, path)
 
 

@@ -6,15 +6,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from eaglespec.files import save_figure
-
-
-def _pyplot():
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    return plt
+from eaglespec.optional import pyplot
 
 
 def label(result: dict) -> str:
@@ -26,7 +18,7 @@ def plot_speedups(results: list[dict], path: Path) -> None:
     """Median speedup over vanilla per method, bars grouped by result, whiskers at the quartiles."""
     import statistics
 
-    plt = _pyplot()
+    plt = pyplot()
     methods = list(dict.fromkeys(m for r in results for m in r["methods"] if m != "vanilla"))
     width = 0.8 / len(results)
     fig, ax = plt.subplots(figsize=(max(6.0, 1.1 * len(methods) * max(1, len(results) / 2)), 4.2))
@@ -55,7 +47,7 @@ def plot_speedups(results: list[dict], path: Path) -> None:
 
 def plot_tau(results: list[dict], path: Path) -> None:
     """Box plots of tau (tokens per target forward) over turns, per method that reports it."""
-    plt = _pyplot()
+    plt = pyplot()
     series, names = [], []
     for result in results:
         prefix = f"{label(result)}\n" if len(results) > 1 else ""
@@ -79,7 +71,7 @@ def plot_sources(results: list[dict], path: Path) -> None:
     """Where each token of a multi-source method (`hybrid`) came from: its share of the output
     accepted from each draft source, and the target's own tokens (one per round), stacked, one bar
     per result and method."""
-    plt = _pyplot()
+    plt = pyplot()
     bars = [(f"{label(r)}\n{m}", s["accepted_by_source"], s["new_tokens"])
             for r in results for m, s in r["methods"].items() if "accepted_by_source" in s]
     sources = list(dict.fromkeys(k for _, by, _ in bars for k in by))

@@ -45,10 +45,10 @@ from eaglespec.errors import InvalidArgumentError
 METHODS: dict[str, type] = {}  # name -> method class, in registration order
 NEEDS = {  # what a method can need loaded, and what to do when it is missing
     "head": "an EAGLE head: --head PATH (a folder from `eaglespec train`), or --head default where one is "
-            "shipped (heads/); in Python eaglespec.load(model, head=...)",
+            "shipped with eaglespec; in Python eaglespec.load(model, head=...)",
     "draft": "a draft model with the target's tokenizer: --draft-model NAME, or eaglespec.load(model, draft_model=NAME)",
     "medusa": "a Medusa head: --medusa-head PATH (a folder from `eaglespec train --head-type medusa`), or "
-              "--medusa-head default where one is shipped (heads/medusa/); in Python eaglespec.load(model, medusa_head=...)",
+              "--medusa-head default where one is shipped; in Python eaglespec.load(model, medusa_head=...)",
 }
 
 

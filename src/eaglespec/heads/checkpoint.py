@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import json
 import re
+from importlib.resources import files
 from pathlib import Path
 
 import torch
@@ -28,7 +29,8 @@ from eaglespec.files import write_folder
 from eaglespec.heads.head import DraftHead, Eagle3Head, EagleHead, MedusaHead, check_aux_layers
 from eaglespec.models.load import Target, from_hf_state_dict, to_hf_state_dict, unknown_names
 
-SHIPPED = Path(__file__).resolve().parents[3] / "heads"  # heads/ at the repository root
+# the heads we ship: package data, so that a wheel install has them too
+SHIPPED = Path(str(files("eaglespec.heads") / "shipped"))
 WEIGHT_FILES = ("model.safetensors", "pytorch_model.bin")  # ours and the engines'; the official EAGLE release's
 TOKEN_MAP = "token_map.pt"  # SGLang's --speculative-token-map: an EAGLE-1 head's draft vocabulary (target ids)
 KINDS = {"eagle1": "an EAGLE-1/2", "eagle3": "an EAGLE-3", "medusa": "a Medusa"}
@@ -81,7 +83,7 @@ def save_head(head: DraftHead, folder: Path, target_name: str, info: dict | None
 
 
 def _shipped_root(kind: str) -> Path:
-    """Where the heads of a kind ("eagle" or "medusa") are shipped: heads/ and heads/medusa/."""
+    """Where the heads of a kind ("eagle" or "medusa") are shipped: shipped/ and shipped/medusa/."""
     return SHIPPED / "medusa" if kind == "medusa" else SHIPPED
 
 
@@ -102,7 +104,7 @@ def resolve_head(spec: str, target_name: str, kind: str = "eagle") -> Path:
         folder = shipped_head(target_name, kind)
         if folder is None:
             option, recipe = ("--medusa-head", "`eaglespec train --head-type medusa`") if kind == "medusa" else \
-                ("--head", "`eaglespec train` (benchmarks/train_head.sh holds the recipes; "
+                ("--head", "`eaglespec train` (benchmarks/recipes/train_head.sh holds the recipes; "
                  "qwen2.5-coder-1.5b-instruct's head is built there, not shipped)")
             raise InvalidArgumentError(
                 f"no shipped {kind} head for '{target_name}' (shipped: {shipped_heads(kind)}); "

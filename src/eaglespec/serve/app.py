@@ -16,8 +16,6 @@ chunks also carry `eaglespec.spans`, the chunk's text in (text, origin) pieces.
 from __future__ import annotations
 
 import asyncio
-import base64
-import binascii
 import hmac
 import json
 import logging
@@ -28,8 +26,11 @@ from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from importlib.resources import files
 
-from fastapi import FastAPI, Request
-from fastapi.responses import HTMLResponse, JSONResponse, PlainTextResponse, Response, StreamingResponse
+from fastapi import Depends, FastAPI, Request
+from fastapi.responses import HTMLResponse, JSONResponse, Response, StreamingResponse
+from fastapi.security import HTTPBasic, HTTPBearer
+from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from starlette.exceptions import HTTPException
 
 from eaglespec.api import Model
@@ -77,7 +78,27 @@ def create_app(model: Model, settings: Settings = Settings(), engine_thread: boo
         yield
         engine.close()
 
-    app = FastAPI(title="eaglespec", docs_url=None, redoc_url=None, openapi_url=None, lifespan=lifespan)
+    bearer, basic = HTTPBearer(auto_error=False), HTTPBasic(auto_error=False, realm="eaglespec")
+
+    async def authorize(request: Request) -> None:
+        """With an API key, every endpoint but /health wants it: `Authorization: Bearer KEY`, or in a
+        browser on the page HTTP Basic with any user name and the key as password."""
+        if not settings.api_key or request.url.path == "/health":
+            return
+        token = await bearer(request)
+        try:
+            login = None if token else await basic(request)
+        except HTTPException:  # a malformed Basic header
+            login = None
+        given = token.credentials if token else login.password if login else ""
+        if not hmac.compare_digest(given.strip().encode(), settings.api_key.encode()):
+            page = request.url.path == "/"
+            raise ApiError(401, "missing or wrong API key: send the header 'Authorization: Bearer KEY'"
+                           + (" (in a browser: any user name, the key as password)" if page else ""),
+                           code="invalid_api_key", headers=basic.make_authenticate_headers() if page else None)
+
+    app = FastAPI(title="eaglespec", docs_url=None, redoc_url=None, openapi_url=None, lifespan=lifespan,
+                  dependencies=[Depends(authorize)])
     app.state.engine = engine
     created = int(time.time())
 
@@ -94,24 +115,16 @@ def create_app(model: Model, settings: Settings = Settings(), engine_thread: boo
         log.exception("request failed")
         return JSONResponse(ApiError(500, "internal server error").body(), 500)
 
-    @app.middleware("http")
-    async def _authorize(request: Request, call_next):
-        if settings.api_key and request.url.path != "/health" and not _key_ok(request, settings.api_key):
-            page = request.url.path == "/"
-            error = ApiError(401, "missing or wrong API key: send the header 'Authorization: Bearer KEY'"
-                             + (" (in a browser: any user name, the key as password)" if page else ""),
-                             code="invalid_api_key",
-                             headers={"WWW-Authenticate": 'Basic realm="eaglespec"'} if page else None)
-            return JSONResponse(error.body(), 401, headers=error.headers)
-        return await call_next(request)
-
     @app.get("/health")
     async def health():
         return {"status": "ok"}
 
+    registry = CollectorRegistry(auto_describe=False)
+    registry.register(EngineCollector(engine))
+
     @app.get("/metrics")
     async def metrics():
-        return PlainTextResponse(_prometheus(engine), media_type="text/plain; version=0.0.4")
+        return Response(generate_latest(registry), media_type=CONTENT_TYPE_LATEST)
 
     @app.get("/v1/models")
     async def models():
@@ -295,38 +308,30 @@ async def _json(request: Request, limit: int) -> object:
         raise ApiError(400, "the request body is not valid JSON") from None
 
 
-def _key_ok(request: Request, key: str) -> bool:
-    scheme, _, value = request.headers.get("authorization", "").partition(" ")
-    if scheme.lower() == "basic":  # a browser on the page: the key is the password
-        try:
-            value = base64.b64decode(value, validate=True).decode().partition(":")[2]
-        except (binascii.Error, UnicodeDecodeError):
-            return False
-    elif scheme.lower() != "bearer":
-        return False
-    return hmac.compare_digest(value.strip().encode(), key.encode())
+class EngineCollector:
+    """Prometheus metrics read from the engine when /metrics is scraped."""
 
+    def __init__(self, engine: Engine):
+        self.engine = engine
 
-def _prometheus(engine: Engine) -> str:
-    m = engine.metrics
-    lines = ["# HELP eaglespec_requests_total Requests by outcome.", "# TYPE eaglespec_requests_total counter"]
-    lines += [f'eaglespec_requests_total{{outcome="{k}"}} {v}' for k, v in sorted(m.requests.items())]
-    lines += ["# HELP eaglespec_queue_depth Requests waiting to be decoded.", "# TYPE eaglespec_queue_depth gauge",
-              f"eaglespec_queue_depth {engine.waiting()}",
-              "# HELP eaglespec_active_rows Requests being decoded.", "# TYPE eaglespec_active_rows gauge",
-              f"eaglespec_active_rows {len(engine.scheduler.active)}",
-              "# HELP eaglespec_prompt_tokens_total Prompt tokens of requests taken.",
-              "# TYPE eaglespec_prompt_tokens_total counter", f"eaglespec_prompt_tokens_total {m.prompt_tokens}",
-              "# HELP eaglespec_generated_tokens_total Tokens generated.",
-              "# TYPE eaglespec_generated_tokens_total counter",
-              f"eaglespec_generated_tokens_total {m.generated_tokens}",
-              "# HELP eaglespec_target_forwards_total Rounds of rows (a row's share of a target forward).",
-              "# TYPE eaglespec_target_forwards_total counter", f"eaglespec_target_forwards_total {m.target_forwards}",
-              "# HELP eaglespec_tau Tokens per row round since start.", "# TYPE eaglespec_tau gauge",
-              f"eaglespec_tau {m.generated_tokens / m.target_forwards if m.target_forwards else 0.0:.4f}",
-              "# HELP eaglespec_tokens_per_second Tokens generated per second, last 10 s.",
-              "# TYPE eaglespec_tokens_per_second gauge", f"eaglespec_tokens_per_second {m.tokens_per_s():.3f}",
-              "# HELP eaglespec_accepted_tokens_total Generated tokens by origin.",
-              "# TYPE eaglespec_accepted_tokens_total counter"]
-    lines += [f'eaglespec_accepted_tokens_total{{origin="{k}"}} {v}' for k, v in sorted(m.accepted.items())]
-    return "\n".join(lines) + "\n"
+    def collect(self):
+        m, engine = self.engine.metrics, self.engine
+
+        def counter(name: str, text: str, by: str | None = None, values: dict | int = 0):
+            family = CounterMetricFamily(name, text, labels=[by] if by else None)
+            for key, value in (sorted(values.items()) if by else [(None, values)]):
+                family.add_metric([key] if by else [], value)
+            return family
+
+        yield counter("eaglespec_requests", "Requests by outcome.", "outcome", dict(m.requests))
+        yield GaugeMetricFamily("eaglespec_queue_depth", "Requests waiting to be decoded.", engine.waiting())
+        yield GaugeMetricFamily("eaglespec_active_rows", "Requests being decoded.", len(engine.scheduler.active))
+        yield counter("eaglespec_prompt_tokens", "Prompt tokens of requests taken.", values=m.prompt_tokens)
+        yield counter("eaglespec_generated_tokens", "Tokens generated.", values=m.generated_tokens)
+        yield counter("eaglespec_target_forwards", "Rounds of rows (a row's share of a target forward).",
+                      values=m.target_forwards)
+        yield GaugeMetricFamily("eaglespec_tau", "Tokens per row round since start.",
+                                m.generated_tokens / m.target_forwards if m.target_forwards else 0.0)
+        yield GaugeMetricFamily("eaglespec_tokens_per_second", "Tokens generated per second, last 10 s.",
+                                m.tokens_per_s())
+        yield counter("eaglespec_accepted_tokens", "Generated tokens by origin.", "origin", dict(m.accepted))

@@ -32,6 +32,7 @@ from eaglespec.files import save_figure
 from eaglespec.heads.checkpoint import load_head, save_head
 from eaglespec.heads.head import HEAD_TYPES, DraftHead, check_aux_layers, make_head
 from eaglespec.models.load import load_target
+from eaglespec.optional import available, pyplot
 from eaglespec.timing import work_seconds
 from eaglespec.training.evaluate import evaluate, head_inputs, head_tokens
 from eaglespec.training.features import FeatureSet
@@ -380,7 +381,10 @@ def train(config: TrainConfig, log=print) -> State:
                           "train_conversations": len(train_set), "train_seconds": round(elapsed()),
                           "feature_seconds": round(train_set.seconds, 1)}
                 save_head(head, out / "head", config.model, record)
-                plot_curves(state, out / "curves.png")
+                if available("matplotlib"):
+                    plot_curves(state, out / "curves.png")
+                else:
+                    log("curves.png not drawn (no matplotlib): pip install 'eaglespec[bench]' to draw it")
             save()
     except KeyboardInterrupt:
         save()  # the last completed step
@@ -392,11 +396,7 @@ def train(config: TrainConfig, log=print) -> State:
 
 
 def plot_curves(state: State, path: Path) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
+    plt = pyplot()
     fig, (a, b) = plt.subplots(1, 2, figsize=(11, 4))
     steps = [h["step"] for h in state.history]
     window = max(1, len(steps) // 50)
