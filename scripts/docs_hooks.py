@@ -41,8 +41,9 @@ def _repo_file(target: str, base: Path) -> Path | None:
 
 
 def _check_readme() -> None:
+    """Every relative link of the README names a file or folder of the repository (docs pages included)."""
     missing = [t for t in _targets((ROOT / "README.md").read_text())
-               if (p := _repo_file(t, ROOT)) is not None and not p.exists()]
+               if "://" not in t and not t.startswith(("mailto:", "#")) and not (ROOT / t).exists()]
     if missing:
         raise PluginError(f"README.md links to files that do not exist: {', '.join(missing)}")
 
@@ -56,7 +57,7 @@ def on_files(files: Files, config) -> Files:
             path = _repo_file(target, docs)
             if path is None:
                 continue
-            if not path.is_file():
+            if not path.is_file() or ROOT not in path.parents:
                 raise PluginError(f"docs/{page.name} cites '{target}', which is not a file of the repository")
             cited.add(path)
     for path in sorted(cited):

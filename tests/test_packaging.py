@@ -23,6 +23,9 @@ def test_a_wheel_installed_outside_the_checkout_generates_with_the_shipped_head(
     (wheel,) = tmp_path.glob("eaglespec-*.whl")
     names = zipfile.ZipFile(wheel).namelist()
     assert "eaglespec/heads/shipped/smollm2-135m-instruct/model.safetensors" in names
+    # the heads the repository ships, and no head built locally beside them
+    tracked = run(["git", "ls-files", "src/eaglespec/heads/shipped"], ROOT).split()
+    assert sorted(n for n in names if "/heads/shipped/" in n) == sorted(t.removeprefix("src/") for t in tracked)
     assert "eaglespec/models/row_attention.cpp" in names and "eaglespec/serve/page.html" in names
 
     env = tmp_path / "venv"

@@ -161,6 +161,9 @@ def test_errors(model):
         with pytest.raises(openai.AuthenticationError):
             client(url, "wrong").chat.completions.create(model=NAME, messages=messages, max_tokens=4)
         assert httpx.get(url + "/health").status_code == 200  # no key needed
+        for path in ("/metrics", "/v1/models", "/v1/nothing"):  # every other path wants it, unknown ones too
+            refused = httpx.get(url + path)
+            assert refused.status_code == 401 and refused.json()["error"]["code"] == "invalid_api_key", path
         page = httpx.get(url + "/")
         assert page.status_code == 401 and page.headers["www-authenticate"].startswith("Basic")
         assert httpx.get(url + "/", auth=("anyone", KEY)).status_code == 200

@@ -12,8 +12,12 @@ from eaglespec.errors import InvalidArgumentError
 
 
 def suite_file(tmp_path, text: str):
+    """A suite file in a repository of its own: benchmarks/suites/ and benchmarks/experiments/."""
     path = tmp_path / "benchmarks" / "suites" / "toy.toml"
     path.parent.mkdir(parents=True)
+    (tmp_path / "benchmarks" / "experiments").mkdir()
+    (tmp_path / "benchmarks" / "experiments" / "count.py").write_text(
+        "import json, sys\njson.dump({'args': sys.argv[1:]}, open(sys.argv[1], 'w'))\n")
     path.write_text(text)
     return path
 
@@ -34,14 +38,20 @@ name = "tiny-{{dataset}}-t{{temperature}}"
 dataset = "mt-bench"
 temperature = [0, 1]
 methods = "vanilla,pld,eagle"
+[[runs]]
+script = "count.py"
+args = ["{out}/counted.json", "x"]
+creates = "counted.json"
 """)
     suite = Suite.read(path)
-    assert [r.creates for r in suite.runs] == ["tiny-mt-bench-t0.json", "tiny-mt-bench-t1.json"]
+    assert [r.creates for r in suite.runs] == ["tiny-mt-bench-t0.json", "tiny-mt-bench-t1.json", "counted.json"]
     # the tiny target has no shipped head: eagle is left out of its runs, and said so
-    assert all("without eagle" in r.note for r in suite.runs)
+    assert all("without eagle" in r.note for r in suite.runs[:2])
 
     listed = CliRunner().invoke(main, ["suite", str(path), "--list"])
-    assert listed.exit_code == 0 and listed.output.count("to run") == 2
+    assert listed.exit_code == 0 and listed.output.count("to run") == 3
+    nothing = CliRunner().invoke(main, ["suite", str(path), "--only", "t9"])
+    assert nothing.exit_code == 1 and "matches no run" in nothing.output
     done = CliRunner().invoke(main, ["suite", str(path), "--only", "t0"])
     assert done.exit_code == 0, done.output
     first = json.loads((out / "tiny-mt-bench-t0.json").read_text())
@@ -51,7 +61,8 @@ methods = "vanilla,pld,eagle"
 
     stamp = (out / "tiny-mt-bench-t0.json").stat().st_mtime_ns
     again = CliRunner().invoke(main, ["suite", str(path)])  # resumes: only the missing run
-    assert again.exit_code == 0 and "1 of 2 runs done, 1 to run" in again.output
+    assert again.exit_code == 0 and "1 of 3 runs done, 2 to run" in again.output
+    assert json.loads((out / "counted.json").read_text()) == {"args": [str(out / "counted.json"), "x"]}
     assert (out / "tiny-mt-bench-t0.json").stat().st_mtime_ns == stamp
     summary = (out / "summary.md").read_text()
     assert summary.count("| mt-bench | 0 |") == 1 and summary.count("| mt-bench | 1 |") == 1
@@ -59,10 +70,17 @@ methods = "vanilla,pld,eagle"
 
 @pytest.mark.parametrize("text, message", [
     ("out = 'x'\n[[runs]]\nscript = 'nothing.py'\ncreates = 'x.json'", "needs an existing script"),
+    ("out = 'x'\n[[runs]]\nmodel = 'm'\ndataset = 'd'\nmethods = 'vanilla'\ntemperature = []", "empty list"),
     ("out = 'x'\nrport = 'bench'", "unknown keys"),
     ("out = 'x'\nreport = 'pie'\n[[runs]]\nmodel = 'm'\nmethods = 'vanilla'", "report 'pie'"),
     ("[[runs]]\nmodel = 'm'\nmethods = 'vanilla'", "names no `out`"),
     ("out = 'x'", "declares no [[runs]]"),
+    ("out = 'x'\n[[runs]]\nmodel = 'm'\ndataset = 'd'\nmethods = 'vanilla'\nmax_new_token = 4", "unknown bench options"),
+    ("out = 'x'\n[[runs]]\nmodel = 'm'\nmethods = 'vanilla'", "needs its model, dataset and methods"),
+    ("out = 'x'\n[[runs]]\nmodel = 'm'\ndataset = 'd'\nmethods = 'vanilla'\nweights = ['int4', 'int8']",
+     "several runs write m-d-t0.json"),
+    ("out = 'x'\n[[runs]]\nmodel = 'm'\ndataset = 'd'\nmethods = 'vanilla'\nname = '{colour}'", "is not an option"),
+    ("out = 'x'\n[[runs]]\nscript = 'count.py'\nargs = '--out x'\ncreates = 'x.json'", "`args` as a list"),
     ("out = [", "not valid TOML"),
 ])
 def test_a_bad_suite_file_is_a_one_line_error(tmp_path, text, message):

@@ -473,6 +473,7 @@ def bench(model_spec, head_spec, medusa_spec, dataset, limit, methods, temperatu
     from eaglespec.decoding.sampling import SamplingParams
     from eaglespec.errors import InvalidArgumentError
     from eaglespec.files import write_json
+    from eaglespec.optional import available
 
     out = Path(out)
     if out.suffix != ".json":
@@ -497,10 +498,13 @@ def bench(model_spec, head_spec, medusa_spec, dataset, limit, methods, temperatu
     finally:
         runner.close()
     write_json(result, out)
-    plot_speedups([result], out.with_name(out.stem + "-speedup.png"))
-    plot_tau([result], out.with_name(out.stem + "-tau.png"))
     click.echo(markdown(result))
-    click.echo(f"results: {out} (plots: {out.stem}-speedup.png, {out.stem}-tau.png)")
+    if available("matplotlib"):
+        plot_speedups([result], out.with_name(out.stem + "-speedup.png"))
+        plot_tau([result], out.with_name(out.stem + "-tau.png"))
+        click.echo(f"results: {out} (plots: {out.stem}-speedup.png, {out.stem}-tau.png)")
+    else:
+        click.echo(f"results: {out} (no plots without matplotlib: pip install 'eaglespec[bench]')")
 
 
 @main.command()
@@ -559,6 +563,9 @@ def serve(model_spec: str, head_spec: str, method: str | None, host: str, port: 
             raise InvalidArgumentError(f"{name} must be >= {least}, got {value}")
     if not timeout > 0:
         raise InvalidArgumentError(f"--timeout must be > 0 seconds, got {timeout}")
+    if api_key is not None and not (api_key.isascii() and api_key.isprintable() and api_key.strip()):
+        raise InvalidArgumentError("--api-key must be printable ASCII (browsers send the key in HTTP Basic, "
+                                   "which is ASCII); pick another key")
     import signal
     import threading
 
@@ -568,7 +575,8 @@ def serve(model_spec: str, head_spec: str, method: str | None, host: str, port: 
     from eaglespec.optional import require
 
     uvicorn = require("uvicorn", "serve", "eaglespec serve")
-    require("fastapi", "serve", "eaglespec serve")
+    for module in ("fastapi", "prometheus_client"):
+        require(module, "serve", "eaglespec serve")
     from eaglespec.serve.app import Settings, create_app
 
     if threads:

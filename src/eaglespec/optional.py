@@ -18,9 +18,10 @@ def require(module: str, extra: str, purpose: str) -> ModuleType:
     """`module`, imported; `purpose` says what needs it ("eaglespec serve")."""
     try:
         return importlib.import_module(module)
-    except ImportError:
-        raise MissingDependencyError(f"{purpose} needs {module.split('.')[0]}: pip install 'eaglespec[{extra}]'") \
-            from None
+    except ModuleNotFoundError as error:
+        if error.name != module.split(".")[0]:
+            raise  # the package is there, and something it imports is not: a broken install, not a missing extra
+        raise MissingDependencyError(f"{purpose} needs {error.name}: pip install 'eaglespec[{extra}]'") from None
 
 
 def pyplot() -> ModuleType:

@@ -32,13 +32,13 @@ import json
 import subprocess
 import sys
 import tomllib
-from dataclasses import dataclass
+from dataclasses import MISSING, dataclass, fields
 from pathlib import Path
 
 from eaglespec.bench.report import bench_report
-from eaglespec.bench.run import EXTERNAL
+from eaglespec.bench.run import EXTERNAL, BenchConfig
 from eaglespec.decoding.methods import method_needs
-from eaglespec.errors import InvalidArgumentError
+from eaglespec.errors import EaglespecError, InvalidArgumentError
 from eaglespec.heads.checkpoint import shipped_head
 
 BENCH_NAME = "{model}-{dataset}-t{temperature}"
@@ -66,7 +66,7 @@ def _option(key: str, value) -> list[str]:
     flag = "--" + key.replace("_", "-")
     if value is True:
         return [flag]
-    return [] if value is False else [flag, f"{value:g}" if isinstance(value, float) else str(value)]
+    return [] if value is False else [flag, str(value)]
 
 
 def _available(method: str, options: dict) -> bool:
@@ -77,17 +77,36 @@ def _available(method: str, options: dict) -> bool:
     return True
 
 
-def bench_run(options: dict, out: Path) -> Run:
-    options = {k: v for k, v in options.items() if k != "name"} | {"name": options.get("name", BENCH_NAME)}
-    name = options.pop("name").format(**{k: (f"{v:g}" if isinstance(v, float) else v) for k, v in options.items()})
-    if "methods" not in options or "model" not in options:
-        raise InvalidArgumentError(f"bench run '{name}' names no model or no methods")
+def _bench_options() -> dict[str, object]:
+    """What a bench run may set (`eaglespec bench`'s options, by their config names), with defaults."""
+    return {f.name: None if f.default is MISSING else f.default for f in fields(BenchConfig)} | {"threads": None}
+
+
+def _name_part(value) -> str:
+    """A value as it appears in a run's file name: a path by its stem, a number without trailing zeros."""
+    if isinstance(value, float):
+        return f"{value:g}"
+    return Path(value).stem if isinstance(value, str) and "/" in value else str(value)
+
+
+def bench_run(options: dict, out: Path, known: dict) -> Run:
+    options = dict(options)
+    template = options.pop("name", BENCH_NAME)
+    unknown = sorted(set(options) - set(known))
+    if unknown:
+        raise InvalidArgumentError(f"unknown bench options {unknown}; use eaglespec bench's: {', '.join(known)}")
+    if not {"model", "dataset", "methods"} <= set(options):
+        raise InvalidArgumentError("a bench run needs its model, dataset and methods")
+    try:
+        name = template.format(**{k: _name_part(v) for k, v in ({**known, **options}).items()})
+    except (KeyError, IndexError, ValueError) as error:
+        raise InvalidArgumentError(f"run name '{template}': {error!r} is not an option of the run") from None
     methods = [m.strip() for m in str(options["methods"]).split(",") if m.strip()]
     kept = [m for m in methods if _available(m, options)]
     options["methods"] = ",".join(kept)
     command = [sys.executable, "-m", "eaglespec", "bench", *itertools.chain.from_iterable(
         _option(k, v) for k, v in options.items()), "--out", str(out / f"{name}.json")]
-    left = sorted(set(methods) - set(kept))
+    left = [m for m in methods if m not in kept]
     note = f"without {', '.join(left)}: no such head for {options['model']}" if left else ""
     return Run(f"{name}.json", tuple(command), note)
 
@@ -98,6 +117,7 @@ class Suite:
     title: str
     out: Path
     report: str
+    root: Path  # the repository: runs start there
     runs: tuple[Run, ...]
 
     @staticmethod
@@ -117,36 +137,52 @@ class Suite:
         report = spec.get("report", "none")
         if report not in REPORTS:
             raise InvalidArgumentError(f"{path}: report '{report}' is not one of {', '.join(REPORTS)}")
-        folder = Path(out or spec["out"])
         root = path.resolve().parent.parent.parent  # benchmarks/suites/FILE -> the repository
-        runs = []
-        for entry in spec.get("runs", []):
+        if not (root / EXPERIMENTS).is_dir():
+            raise InvalidArgumentError(f"{path} is not in a repository's benchmarks/suites/ folder")
+        folder = Path(out).resolve() if out else root / spec["out"]  # the file's `out` is the repository's
+        entries = spec.get("runs", [])
+        if not entries or not isinstance(entries, list) or not all(isinstance(e, dict) for e in entries):
+            raise InvalidArgumentError(f"{path} declares no [[runs]]")
+        known, runs = _bench_options(), []
+        for entry in entries:
             if "script" in entry:
                 script = root / EXPERIMENTS / entry["script"]
-                if not script.is_file() or "creates" not in entry:
+                args = entry.get("args", [])
+                if not script.is_file() or "creates" not in entry or not isinstance(args, list):
                     raise InvalidArgumentError(f"{path}: script run '{entry['script']}' needs an existing script "
-                                               f"in {EXPERIMENTS} and `creates`")
-                args = [a.replace("{out}", str(folder)) for a in entry.get("args", [])]
+                                               f"in {EXPERIMENTS}, `creates` and `args` as a list")
+                args = [str(a).replace("{out}", str(folder)) for a in args]
                 runs.append(Run(entry["creates"], (sys.executable, str(script), *args)))
             else:
-                runs += [bench_run(spec.get("bench", {}) | options, folder) for options in _expand(entry)]
-        if not runs:
-            raise InvalidArgumentError(f"{path} declares no [[runs]]")
-        return Suite(path, spec.get("title", path.stem), folder, report, tuple(runs))
+                if any(v == [] for v in entry.values()):
+                    raise InvalidArgumentError(f"{path}: a run gives an empty list; give at least one value")
+                runs += [bench_run(spec.get("bench", {}) | options, folder, known) for options in _expand(entry)]
+        names = [r.creates for r in runs]
+        twice = sorted({n for n in names if names.count(n) > 1})
+        if twice:
+            raise InvalidArgumentError(f"{path}: several runs write {', '.join(twice)}; put what tells them apart "
+                                       "in their `name`, e.g. name = \"{model}-{dataset}-t{temperature}-{weights}\"")
+        return Suite(path, spec.get("title", path.stem), folder, report, root, tuple(runs))
 
     def pending(self, only: str = "") -> list[Run]:
         return [r for r in self.runs if only in r.creates and not (self.out / r.creates).exists()]
 
     def run(self, only: str = "", echo=print) -> None:
-        """Every missing run (in file order), then the report."""
+        """Every missing run (in file order), then the report. A script writes its `creates` file
+        last, so that a run that failed midway is not taken for done."""
+        if only and not any(only in r.creates for r in self.runs):
+            raise InvalidArgumentError(f"--only '{only}' matches no run of {self.path}; see --list")
         self.out.mkdir(parents=True, exist_ok=True)
         todo = self.pending(only)
         done = sum((self.out / r.creates).exists() for r in self.runs)
         echo(f"{self.title}: {done} of {len(self.runs)} runs done, {len(todo)} to run")
         for number, run in enumerate(todo, 1):
             echo(f"[{number}/{len(todo)}] {run.creates}" + (f" ({run.note})" if run.note else ""))
-            subprocess.run(run.command, check=True)
+            if subprocess.run(run.command, cwd=self.root).returncode != 0:
+                raise EaglespecError(f"the run of {run.creates} failed (its output is above); fix it and run the "
+                                     "suite again: the runs that are done are kept")
         if self.report == "bench":
             results = [json.loads((self.out / r.creates).read_text()) for r in self.runs
-                       if (self.out / r.creates).is_file()]
+                       if r.command[2:4] == ("eaglespec", "bench") and (self.out / r.creates).is_file()]
             echo(bench_report(results, self.out))

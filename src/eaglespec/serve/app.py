@@ -108,6 +108,10 @@ def create_app(model: Model, settings: Settings = Settings(), engine_thread: boo
 
     @app.exception_handler(HTTPException)
     async def _http_error(request: Request, error: HTTPException):  # unknown paths, wrong methods
+        try:
+            await authorize(request)  # which no route's dependency checked: they need the key too
+        except ApiError as refused:
+            return await _api_error(request, refused)
         return JSONResponse(ApiError(error.status_code, str(error.detail)).body(), error.status_code)
 
     @app.exception_handler(Exception)
