@@ -14,6 +14,8 @@ if ! { command -v chromium && command -v chromedriver; } >/dev/null; then
         echo "no chromium / chromedriver: the browser test will be skipped (install both to run it)"
     fi
 fi
+# the layers of the package (pyproject.toml's import-linter contracts)
+.venv/bin/lint-imports --no-cache
 # the docs site: --strict fails on a broken link between pages, to a repository file or in the README
 NO_MKDOCS_2_WARNING=1 .venv/bin/mkdocs build --strict --quiet
 .venv/bin/python -m pytest -q -rs "$@"  # -rs: the reason of each skip

@@ -9,7 +9,7 @@ from click.testing import CliRunner
 from transformers import AutoModelForCausalLM, LlamaConfig
 
 from eaglespec.bench.datasets import load_items
-from eaglespec.bench.llamacpp import tau
+from eaglespec.models.llamacpp import tau
 from eaglespec.bench.run import markdown
 from eaglespec.cli import main
 from eaglespec.errors import InvalidArgumentError

@@ -1,7 +1,7 @@
 """What every benchmark script records beside its figures, and how it writes them."""
 
 from eaglespec.files import write_json  # noqa: F401
-from eaglespec.timing import machine  # noqa: F401
+from eaglespec.models.machine import machine  # noqa: F401
 
 # Our weight formats, by label: (activation dtype, --weights), and the llama.cpp copy of the same
 # GGUF that each is compared with (by its --weights: dense = BF16, int8 = Q8_0, int4 = the GGUF).

@@ -25,7 +25,7 @@ from tqdm import tqdm
 from transformers import AutoModelForCausalLM
 
 from common import FORMATS, PEER, formats_option, machine, write_json
-from eaglespec.bench.llamacpp import LlamaServer, peer_gguf
+from eaglespec.models.llamacpp import LlamaServer, peer_gguf
 from eaglespec.decoding.generate import generate, prompt_ids
 from eaglespec.models.decoder import Linear
 from eaglespec.models.load import load_target

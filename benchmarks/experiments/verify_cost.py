@@ -24,7 +24,7 @@ import torch  # noqa: E402
 from tqdm import tqdm  # noqa: E402
 
 from common import FORMATS, PEER, formats_option, machine, write_json  # noqa: E402
-from eaglespec.bench.llamacpp import peer_gguf, programs  # noqa: E402
+from eaglespec.models.llamacpp import peer_gguf, programs  # noqa: E402
 from eaglespec.files import save_figure  # noqa: E402
 from eaglespec.models.load import load_target  # noqa: E402
 

@@ -15,7 +15,7 @@ import json
 import sys
 from pathlib import Path
 
-from eaglespec.bench.llamacpp import LlamaServer, peer_gguf, tau
+from eaglespec.models.llamacpp import LlamaServer, peer_gguf, tau
 from eaglespec.heads.export import LLAMA_CPP_FILE
 
 

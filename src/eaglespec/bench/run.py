@@ -20,7 +20,10 @@ loaded model included), or the peak CUDA allocation on a GPU.
 
 from __future__ import annotations
 
+import hashlib
+import os
 import statistics
+import tempfile
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
@@ -28,19 +31,35 @@ import torch
 from tqdm import tqdm
 
 from eaglespec.bench.datasets import Item, load_items
-from eaglespec.bench.llamacpp import PEERS, LlamaServer, eagle3_gguf, peer_gguf, programs, tau
 from eaglespec.decoding.generate import chat_ids, generate
 from eaglespec.decoding.loop import Request, Row, Scheduler
 from eaglespec.decoding.methods import METHOD_HELP, PromptLookup, method_needs, parse_method
 from eaglespec.decoding.sampling import SamplingParams
 from eaglespec.errors import InvalidArgumentError
-from eaglespec.timing import Clock, machine
+from eaglespec.heads.export import LLAMA_CPP_FILE, export_head
+from eaglespec.models.llamacpp import PEERS, LlamaServer, peer_gguf, programs, tau
+from eaglespec.models.registry import cache_root
+from eaglespec.models.machine import machine
+from eaglespec.timing import Clock
 
 REFERENCES = ("hf", "hf-assisted", "hf-pld")
 EXTERNAL = REFERENCES + tuple(PEERS)  # methods outside our decoding loop
 BASELINES = ("hf", "hf-assisted", "llama.cpp")  # every method's speedup over these too, when they ran
 HF_PLD_TOKENS = PromptLookup.num_tokens  # hf-pld drafts as many tokens as our pld
 PARTS = ("prefill", "draft", "verify", "other")  # where a generation's time goes
+
+
+def eagle3_gguf(head_spec: str, target) -> Path:
+    """An EAGLE-3 head (a folder or "default") for a loaded target as llama.cpp's GGUF, kept in the
+    cache under its content's hash for the server to read."""
+    cache = cache_root() / "llama.cpp" / "gguf"
+    cache.mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory(dir=cache) as tmp:  # beside the cache: the rename stays on one disk
+        export_head(head_spec, target, "llama.cpp", Path(tmp) / "head")
+        made = Path(tmp) / "head" / LLAMA_CPP_FILE
+        out = cache / f"eagle3-{hashlib.sha256(made.read_bytes()).hexdigest()[:16]}.gguf"
+        os.replace(made, out)
+    return out
 
 
 @dataclass(frozen=True)

@@ -36,6 +36,7 @@ from safetensors.torch import save_file
 from eaglespec.errors import InvalidArgumentError
 from eaglespec.files import write_folder
 from eaglespec.heads.checkpoint import TOKEN_MAP, head_layout, load_head
+from eaglespec.models.llamacpp import check_eagle3_head, convert_eagle3, programs, source_gguf
 from eaglespec.models.load import Target
 
 FORMATS = {
@@ -214,8 +215,6 @@ def engine_files(head, target: Target, fmt: str) -> tuple[dict, dict[str, torch.
 def export_head(head_spec: str, target: Target, fmt: str, out: Path, force: bool = False) -> list[str]:
     """Write the head `head_spec` (a folder or "default") for `target` in format `fmt` to `out`
     (atomically); returns what to tell the user: the folder and how to serve it."""
-    from eaglespec.bench.llamacpp import check_eagle3_head, convert_eagle3, programs
-
     check_format(fmt)
     check_out(out, force)
     head = load_head(head_spec, target)
@@ -256,8 +255,6 @@ def serve_command(fmt: str, kind: str, target: Target, out: Path, token_map: boo
     """The command (or code) that serves `target` with the exported head."""
     model = target.folder
     if fmt == "llama.cpp":
-        from eaglespec.bench.llamacpp import programs, source_gguf
-
         try:
             gguf = source_gguf(target.name)
         except InvalidArgumentError:

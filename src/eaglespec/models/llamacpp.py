@@ -1,5 +1,6 @@
-"""llama.cpp as a peer in `eaglespec bench`: what a CPU user runs instead of us, on the same weights
-and the same token ids.
+"""llama.cpp's toolchain: its programs, GGUF copies of our weights, its converter and its server,
+used by `eaglespec bench` (llama.cpp as a peer: what a CPU user runs instead of us, on the same
+weights and the same token ids) and by `eaglespec export --format llama.cpp`.
 
 Methods: `llama.cpp` (plain decoding), `llama.cpp-ngram` (its n-gram speculation, `ngram-simple`),
 `llama.cpp-draft` (classic speculative decoding with the bench's draft model) and `llama.cpp-eagle3`
@@ -19,20 +20,19 @@ our per-channel int8). The programs come from `bash scripts/setup_llamacpp.sh`.
 from __future__ import annotations
 
 import atexit
-import hashlib
 import importlib.util
 import json
 import os
 import socket
 import subprocess
 import sys
-import tempfile
 import time
 import urllib.error
 import urllib.request
 from pathlib import Path
 
 from eaglespec.errors import InvalidArgumentError, MissingDependencyError
+from eaglespec.models.fetch import fetch_gguf
 from eaglespec.models.registry import BUNDLED, cache_root
 
 PEERS = {
@@ -59,8 +59,6 @@ def programs() -> Path:
 
 def source_gguf(spec: str) -> Path:
     """The GGUF file a model spec stands for: a bundled model's own file, or a .gguf path."""
-    from eaglespec.models.fetch import fetch_gguf
-
     if spec in BUNDLED:
         return fetch_gguf(BUNDLED[spec])
     path = Path(spec).expanduser()
@@ -114,20 +112,6 @@ def convert_eagle3(layout: Path, target_folder: Path, out: Path) -> None:
     done = subprocess.run(command, capture_output=True, text=True, env=env)
     if done.returncode != 0:
         raise InvalidArgumentError(f"llama.cpp's converter refused the head: {(done.stderr.strip().splitlines() or ['?'])[-1]}")
-
-
-def eagle3_gguf(head_spec: str, target) -> Path:
-    """An EAGLE-3 head (a folder or "default") for a loaded target as llama.cpp's GGUF, kept in the
-    cache under its content's hash for the server to read."""
-    from eaglespec.heads.export import LLAMA_CPP_FILE, export_head
-
-    with tempfile.TemporaryDirectory() as tmp:
-        export_head(head_spec, target, "llama.cpp", Path(tmp) / "head")
-        made = Path(tmp) / "head" / LLAMA_CPP_FILE
-        out = cache_root() / "llama.cpp" / "gguf" / f"eagle3-{hashlib.sha256(made.read_bytes()).hexdigest()[:16]}.gguf"
-        out.parent.mkdir(parents=True, exist_ok=True)
-        os.replace(made, out)
-    return out
 
 
 class LlamaServer:
