@@ -31,15 +31,17 @@ import torch
 from tqdm import tqdm
 
 from eaglespec.bench.datasets import Item, load_items
+from eaglespec.decoding.draft_model import check_draft_model
 from eaglespec.decoding.generate import chat_ids, generate
 from eaglespec.decoding.loop import Request, Row, Scheduler
 from eaglespec.decoding.methods import METHOD_HELP, PromptLookup, method_needs, parse_method
+from eaglespec.decoding.model import load
 from eaglespec.decoding.sampling import SamplingParams
 from eaglespec.errors import InvalidArgumentError
 from eaglespec.heads.export import LLAMA_CPP_FILE, export_head
 from eaglespec.models.llamacpp import PEERS, LlamaServer, peer_gguf, programs, tau
-from eaglespec.models.registry import cache_root
 from eaglespec.models.machine import machine
+from eaglespec.models.registry import cache_root
 from eaglespec.timing import Clock
 
 REFERENCES = ("hf", "hf-assisted", "hf-pld")
@@ -134,9 +136,6 @@ class Bench:
     """Loads what the methods need, checks every method against the model, then runs."""
 
     def __init__(self, config: BenchConfig):
-        from eaglespec.api import load
-        from eaglespec.decoding.draft_model import check_draft_model
-
         methods = config.methods if "vanilla" in config.methods else ("vanilla", *config.methods)
         self.config = BenchConfig(**(asdict(config) | {"methods": methods}))
         check_methods(methods, config.draft_model, config.batch_size)

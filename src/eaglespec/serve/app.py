@@ -33,9 +33,9 @@ from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_l
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from starlette.exceptions import HTTPException
 
-from eaglespec.api import Model
 from eaglespec.decoding.generate import chat_ids, prompt_ids
 from eaglespec.decoding.loop import Request as DecodeRequest
+from eaglespec.decoding.model import Model
 from eaglespec.decoding.sampling import SamplingParams
 from eaglespec.errors import EaglespecError
 from eaglespec.serve.engine import Engine, Job, QueueFull
