@@ -11,6 +11,17 @@ from eaglespec.models.load import build_decoder
 
 torch.set_num_threads(int(os.environ.get("EAGLESPEC_TEST_THREADS", "2")))  # 1 beside another job
 
+REAL_MODEL_FIXTURES = {"smollm2", "smollm2_hf", "shipped", "random_medusa", "smollm2_draft"}
+
+
+def pytest_collection_modifyitems(items):
+    """Every test that loads a bundled model, itself or through a fixture, is `slow`: the fast
+    tier (`pytest -m "not slow"`, run first by scripts/test.sh) is what runs without one."""
+    for item in items:
+        if REAL_MODEL_FIXTURES & set(getattr(item, "fixturenames", ())):
+            item.add_marker(pytest.mark.slow)
+
+
 TINY = dict(vocab_size=97, hidden_size=64, intermediate_size=96, num_hidden_layers=3,
             num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=128)
 CONFIGS = {

@@ -14,7 +14,7 @@ from eaglespec.models.load import load_target
 from eaglespec.training.features import ExtractConfig, FeatureSet, extract
 from eaglespec.training.trainer import TrainConfig, train
 
-pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")]
 
 
 @pytest.fixture(scope="module")

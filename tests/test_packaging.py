@@ -8,7 +8,10 @@ import sysconfig
 import zipfile
 from pathlib import Path
 
+import pytest
+
 ROOT = Path(__file__).resolve().parent.parent
+pytestmark = pytest.mark.slow  # builds a wheel and a virtual environment
 
 
 def run(command: list, cwd: Path) -> str:

@@ -370,6 +370,7 @@ def browser_driver():
     return webdriver.Chrome(options=options, service=Service(driver)), None
 
 
+@pytest.mark.browser
 def test_page_in_browser(tmp_path):
     """The page of `eaglespec serve` (bf16, as served, with a 3-token chain so that every round
     drafts) loads, streams an answer and colours the drafted tokens. EAGLESPEC_SCREENSHOT=PATH
