@@ -7,7 +7,8 @@ import io
 import json
 import os
 import shutil
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 from eaglespec.errors import InvalidArgumentError
@@ -25,16 +26,29 @@ def json_text(value, depth: int = 0) -> str:
     return json.dumps(value)
 
 
+@contextmanager
+def atomic_path(path: Path) -> Iterator[Path]:
+    """A temporary name beside `path` (.NAME.tmpPID, in the same folder: the rename never crosses
+    file systems) to write the file at; it becomes `path` when the block ends, and is removed if
+    the block fails. (The downloads and GGUF copies of gigabytes use a fixed partial name instead,
+    which the next run overwrites: a killed process leaves no copy behind.)"""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.tmp{os.getpid()}")
+    try:
+        yield tmp
+        os.replace(tmp, path)
+    finally:
+        tmp.unlink(missing_ok=True)
+
+
 def write_json(data: dict, path: Path) -> None:
     write_text(json_text(data) + "\n", path)
 
 
 def write_text(text: str, path: Path) -> None:
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f"{path.name}.tmp{os.getpid()}")
-    tmp.write_text(text)
-    os.replace(tmp, path)
+    with atomic_path(path) as tmp:
+        tmp.write_text(text)
 
 
 def write_folder(folder: Path, fill: Callable[[Path], None]) -> None:
@@ -64,9 +78,8 @@ def save_figure(fig, path: Path, dpi: int = 100) -> None:
     path = Path(path)
     buffer = io.BytesIO()
     fig.savefig(buffer, dpi=dpi, format="png", bbox_inches="tight")
-    tmp = path.with_name(f".{path.name}.tmp{os.getpid()}")
-    Image.open(buffer).convert("RGB").quantize(256).save(tmp, format="PNG", optimize=True)
-    os.replace(tmp, path)
+    with atomic_path(path) as tmp:
+        Image.open(buffer).convert("RGB").quantize(256).save(tmp, format="PNG", optimize=True)
 
 
 def check_manifest(out: Path, wanted: dict, what: str, added: dict | None = None) -> None:

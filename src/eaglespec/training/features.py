@@ -25,7 +25,7 @@ from safetensors.torch import load_file, save_file
 from tqdm import tqdm
 
 from eaglespec.errors import EaglespecError, InvalidArgumentError
-from eaglespec.files import check_manifest
+from eaglespec.files import atomic_path, check_manifest
 from eaglespec.heads.head import check_aux_layers
 from eaglespec.models.load import Target
 from eaglespec.timing import work_seconds
@@ -137,12 +137,10 @@ def _write_shard(path: Path, rows: list[dict[str, torch.Tensor]], seconds: float
     lengths = [len(r["tokens"]) for r in rows]
     tensors = {key: torch.cat([r[key] for r in rows]) for key in rows[0]}
     tensors["offsets"] = torch.tensor([0, *lengths], dtype=torch.int64).cumsum(0)
-    tmp = path.with_name(f".{path.name}.tmp{os.getpid()}")
     try:
-        save_file(tensors, str(tmp), metadata={"seconds": f"{seconds:.3f}"})
-        os.replace(tmp, path)
+        with atomic_path(path) as tmp:
+            save_file(tensors, str(tmp), metadata={"seconds": f"{seconds:.3f}"})
     except OSError as err:
-        tmp.unlink(missing_ok=True)
         if err.errno == errno.ENOSPC:
             raise EaglespecError(
                 f"the disk is full while writing {path.name}; finished shards are kept: "
@@ -161,12 +159,11 @@ def _reuse_shard(earlier: Path, path: Path, rendered: list[tuple[list[int], list
         tokens, masks, offsets = (shard.get_tensor(k).tolist() for k in ("tokens", "loss_mask", "offsets"))
     if [(tokens[a:b], masks[a:b]) for a, b in zip(offsets[:-1], offsets[1:])] != rendered:
         return False
-    tmp = path.with_name(f".{path.name}.tmp{os.getpid()}")
-    try:
-        os.link(earlier, tmp)
-    except OSError:  # another file system
-        shutil.copyfile(earlier, tmp)
-    os.replace(tmp, path)
+    with atomic_path(path) as tmp:
+        try:
+            os.link(earlier, tmp)
+        except OSError:  # another file system
+            shutil.copyfile(earlier, tmp)
     return True
 
 

@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import gzip
 import json
-import os
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -23,7 +22,7 @@ from pathlib import Path
 from tqdm import tqdm
 
 from eaglespec.errors import InvalidArgumentError
-from eaglespec.files import check_manifest, write_json
+from eaglespec.files import atomic_path, check_manifest, write_json
 from eaglespec.models.load import Target
 from eaglespec.training.data import Conversation, ReadReport
 from eaglespec.training.features import ExtractConfig, select
@@ -115,11 +114,9 @@ def _record(conversation: Conversation) -> dict:
 
 
 def _write_shard(path: Path, records: list[dict]) -> None:
-    tmp = path.with_name(f".{path.name}.tmp{os.getpid()}")
-    with gzip.open(tmp, "wt", encoding="utf-8") as f:
+    with atomic_path(path) as tmp, gzip.open(tmp, "wt", encoding="utf-8") as f:
         for record in records:
             f.write(json.dumps(record, ensure_ascii=False) + "\n")
-    os.replace(tmp, path)
 
 
 def _record_progress(out: Path, shard: int, tokens: int, seconds: float, method: str, batch_size: int) -> None:

@@ -28,7 +28,7 @@ import torch.distributed as dist
 from tqdm import tqdm
 
 from eaglespec.errors import InvalidArgumentError
-from eaglespec.files import save_figure
+from eaglespec.files import atomic_path, save_figure
 from eaglespec.heads.checkpoint import load_head, save_head
 from eaglespec.heads.head import HEAD_TYPES, DraftHead, check_aux_layers, make_head
 from eaglespec.models.load import load_target
@@ -195,9 +195,8 @@ def _schedule(config: TrainConfig, total_steps: int):
 
 
 def _atomic_save(obj, path: Path) -> None:
-    tmp = path.with_name(f".{path.name}.tmp{os.getpid()}")
-    torch.save(obj, tmp)
-    os.replace(tmp, path)
+    with atomic_path(path) as tmp:
+        torch.save(obj, tmp)
 
 
 def train(config: TrainConfig, log=print) -> State:
