@@ -14,12 +14,11 @@ repeated to the end, as greedy decoding of a small model often gives). fp32 targ
 from __future__ import annotations
 
 import argparse
-import json
-import os
 import sys
 from pathlib import Path
 
 import torch
+from common import write_json
 
 BUCKETS = (0, 8, 16, 32, 64, 128, 256, 512)  # bucket i: answer positions [BUCKETS[i], BUCKETS[i + 1])
 SKY_PROMPT = "Explain in three sentences why the sky is blue."  # the main command's prompt until 2026-12-05
@@ -101,10 +100,8 @@ def main() -> None:
     result = {"model": args.model, "head": args.head, "data": data, "own_answers": len(conversations),
               "groups": {name: tally.report() for name, tally in groups.items()}, "fresh": fresh,
               "command": "benchmarks/experiments/acceptance_by_position.py " + " ".join(sys.argv[1:])}
-    out_path = root / "results" / f"acceptance-by-position-{args.model}.json"
-    tmp = out_path.with_suffix(".json.tmp")
-    tmp.write_text(json.dumps(result, indent=1) + "\n")
-    os.replace(tmp, out_path)
+    out_path = root / "benchmarks" / "results" / f"acceptance-by-position-{args.model}.json"
+    write_json(result, out_path)
 
     print("| answers | tokens | 0-alpha | " + " | ".join(f"{e}-" for e in BUCKETS) + " |")
     print("|---|---|---|" + "---|" * len(BUCKETS))

@@ -38,7 +38,7 @@ import subprocess
 import time
 from pathlib import Path
 
-from eaglespec.files import save_figure, write_json
+from eaglespec.files import save_figure, write_folder, write_json
 from eaglespec.heads.checkpoint import SHIPPED
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -205,15 +205,13 @@ def better(entry: dict, earlier: list[dict]) -> bool:
 
 def install(model: str, work: Path, entry: dict) -> None:
     """Make a stretch's trained head (in its cache folder) the shipped head, with its curves and eval.json."""
-    head = SHIPPED / model
-    tmp = head.with_name(f".{model}.tmp")
-    shutil.rmtree(tmp, ignore_errors=True)
-    shutil.copytree(work / "run" / "head", tmp)
-    shutil.copy(work / "run" / "curves.png", tmp / "curves.png")
-    write_json({"model": model, "head": "default", "alpha": entry["alpha"],
-                "tokens_scored": entry["tokens_scored"], "conversations": HELDOUT}, tmp / "eval.json")
-    shutil.rmtree(head)
-    os.replace(tmp, head)
+    def fill(folder: Path) -> None:
+        shutil.copytree(work / "run" / "head", folder, dirs_exist_ok=True)
+        shutil.copy(work / "run" / "curves.png", folder / "curves.png")
+        write_json({"model": model, "head": "default", "alpha": entry["alpha"],
+                    "tokens_scored": entry["tokens_scored"], "conversations": HELDOUT}, folder / "eval.json")
+
+    write_folder(SHIPPED / model, fill)
 
 
 def stretch(model: str, data: str | None, new_only: bool = False, answer_tokens: int | None = None,
