@@ -5,8 +5,8 @@ import json
 import pytest
 
 from eaglespec.errors import InvalidArgumentError
-from eaglespec.training.data import (Conversation, ReadReport, is_held_out, read_conversations,
-                                     read_sharegpt, render, show)
+from eaglespec.models.conversations import Conversation, ReadReport, is_held_out, read_conversations, read_sharegpt
+from eaglespec.training.data import render, show
 from eaglespec.training.features import ExtractConfig, select
 
 CHAT = Conversation("c", [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "Hello there!"},

@@ -189,7 +189,7 @@ def test_a_run_continues_from_a_saved_head_on_a_later_slice(tiny4, features, tmp
     """The long program's stretches: the next slice of the split (--skip), training from the last
     head's weights and draft vocabulary."""
     from eaglespec.training import trainer as trainer_module
-    from eaglespec.training.data import ReadReport
+    from eaglespec.models.conversations import ReadReport
     from eaglespec.training.features import select
 
     train(run_config(tiny4, features, tmp_path / "first", head_type="eagle3", loss="ce", aux_layers=AUX),

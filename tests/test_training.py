@@ -296,7 +296,7 @@ def test_two_processes_under_torchrun_match_one(cfg, tmp_path):
 
 def test_regenerated_answers_are_the_targets_own_and_resume(tiny, dataset, tmp_path):
     from eaglespec.decoding.generate import chat_ids, generate
-    from eaglespec.training.data import Conversation, ReadReport, read_conversations
+    from eaglespec.models.conversations import Conversation, ReadReport, read_conversations
     from eaglespec.training.regenerate import RegenerateConfig, answer_conversations, regenerate
 
     conversation = Conversation("r", [{"role": "user", "content": "Say something."},

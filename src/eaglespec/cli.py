@@ -198,7 +198,8 @@ def show_data(model_spec: str, data: str, index: int) -> None:
     from itertools import islice
 
     from eaglespec.models.load import load_target
-    from eaglespec.training.data import ReadReport, read_conversations, show
+    from eaglespec.models.conversations import ReadReport, read_conversations
+    from eaglespec.training.data import show
 
     report = ReadReport()
     conversation = next(islice(read_conversations(data, report), index, None), None)

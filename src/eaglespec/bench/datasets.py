@@ -11,6 +11,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from eaglespec.errors import InvalidArgumentError
+from eaglespec.models.conversations import ReadReport, select
 from eaglespec.models.fetch import fetch_dataset
 from eaglespec.models.registry import DATASETS
 
@@ -56,11 +57,8 @@ def _sharegpt_heldout() -> list[Item]:
     """First user turns of the held-out conversations (`eaglespec extract`'s default split, which
     training never reads). ShareGPT splits long conversations into parts (id_0, id_1, ...); a
     later part starts mid-conversation ("continue"), so only first parts are taken."""
-    from eaglespec.training.data import ReadReport
-    from eaglespec.training.features import ExtractConfig, select
-
     items = []
-    for c in select(ExtractConfig(model="", split="heldout"), ReadReport()):
+    for c in select("sharegpt", "heldout", ReadReport()):
         if c.id.rpartition("_")[2] not in ("0", c.id):
             continue
         first = next((m["content"] for m in c.messages if m["role"] == "user"), "")

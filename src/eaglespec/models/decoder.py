@@ -14,10 +14,11 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from eaglespec.models import kernels
 from eaglespec.models.config import ModelConfig
 from eaglespec.models.costs import VerifyCosts
-from eaglespec.models import kernels
 from eaglespec.models.kernels import plain_cpu, row_attention, row_linear
+from eaglespec.models.quantize import QuantizedLinear
 from eaglespec.timing import Clock
 
 
@@ -334,7 +335,6 @@ class Stack(nn.Module):
         return self._layer_stack[1]
 
     def _build_layer_stack(self):
-        from eaglespec.models.quantize import QuantizedLinear
 
         if self.weight_like.device.type != "cpu" or self.weight_like.dtype not in (torch.float32, torch.bfloat16):
             return None

@@ -13,7 +13,12 @@ import json
 import torch
 
 from eaglespec.errors import InvalidArgumentError
+from eaglespec.heads.checkpoint import load_head, resolve_head
 from eaglespec.heads.head import DraftHead
+from eaglespec.models.conversations import ReadReport
+from eaglespec.models.load import load_target
+from eaglespec.training.data import render
+from eaglespec.training.features import ExtractConfig, select, target_outputs
 
 
 def head_tokens(head: DraftHead, tokens: torch.Tensor) -> torch.Tensor:
@@ -83,9 +88,6 @@ def held_out_alpha(model: str, head_spec: str, limit: int, depth: int = 4, dtype
 
     Features come from a target forward of each conversation (nothing is written to disk).
     """
-    from eaglespec.heads.checkpoint import load_head
-    from eaglespec.models.load import load_target
-
     target = load_target(model, dtype)
     head = load_head(head_spec, target)
     source, conversations, samples = held_out_samples(target, head, head_spec, limit, data, answer_tokens)
@@ -98,10 +100,6 @@ def held_out_samples(target, head: DraftHead, head_spec: str, limit: int, data: 
     """(source, conversations, samples): the held-out conversations of the split `head_spec` was
     trained with (or of `data`, split the same way) and a generator of their samples (token ids,
     loss mask and the target's outputs, from a forward of each)."""
-    from eaglespec.heads.checkpoint import resolve_head
-    from eaglespec.training.data import ReadReport, render
-    from eaglespec.training.features import ExtractConfig, select, target_outputs
-
     trained = json.loads((resolve_head(head_spec, target.name) / "config.json").read_text())
     split = trained.get("eaglespec", {}).get("split", {})
     config = ExtractConfig(target.name, data or split.get("source", "sharegpt"), "heldout", limit,

@@ -27,9 +27,11 @@ from tqdm import tqdm
 from eaglespec.errors import EaglespecError, InvalidArgumentError
 from eaglespec.files import atomic_path, check_manifest
 from eaglespec.heads.head import check_aux_layers
+from eaglespec.models.conversations import HELDOUT_FRACTION, SPLIT_SEED, Conversation, ReadReport
+from eaglespec.models.conversations import select as select_conversations
 from eaglespec.models.load import Target
 from eaglespec.timing import work_seconds
-from eaglespec.training.data import Conversation, ReadReport, is_held_out, read_conversations, render
+from eaglespec.training.data import render
 
 LOGIT_CHUNK = 256  # rows of LM-head logits computed at once
 
@@ -41,8 +43,8 @@ class ExtractConfig:
     split: str = "train"  # "train" or "heldout"
     limit: int | None = None  # conversations taken from the split, in file order
     max_len: int = 2048
-    heldout_fraction: float = 0.02
-    seed: int = 0
+    heldout_fraction: float = HELDOUT_FRACTION
+    seed: int = SPLIT_SEED
     shard_size: int = 32  # conversations per shard
     aux_layers: tuple[int, ...] = ()  # EAGLE-3: also store the hidden states entering these layers
     dtype: str = "bfloat16"  # of the target forward (features are stored in bf16 either way)
@@ -50,65 +52,12 @@ class ExtractConfig:
     answer_tokens: int | None = None  # tokens kept of each answer; a conversation ends at the first one cut
 
 
-def parse_sources(spec: str) -> list[tuple[str, float]]:
-    """`--data`: one source, or several with weights, `sharegpt:1,data/regenerated/MODEL:1`."""
-    parts = [p.strip() for p in spec.split(",") if p.strip()]
-    if len(parts) == 1 and parts[0].rpartition(":")[0] == "":
-        return [(parts[0], 1.0)]
-    sources = []
-    for part in parts:
-        source, _, weight = part.rpartition(":")
-        try:
-            value = float(weight)
-        except ValueError:
-            value = -1.0
-        if not source or not value >= 0:
-            raise InvalidArgumentError(f"--data '{spec}': give several sources as SOURCE:WEIGHT,SOURCE:WEIGHT with weights >= 0")
-        sources.append((source, value))
-    if sum(w for _, w in sources) <= 0:
-        raise InvalidArgumentError(f"--data '{spec}': the weights sum to 0; give at least one a positive weight")
-    return sources
-
-
-def _split_of(source: str, config: ExtractConfig, report: ReadReport, limit: int | None) -> list[Conversation]:
-    held = config.split == "heldout"
-    chosen = []
-    for conversation in read_conversations(source, report):
-        if is_held_out(conversation.id, config.heldout_fraction, config.seed) == held:
-            chosen.append(conversation)
-            if limit is not None and len(chosen) >= limit:
-                break
-    return chosen
-
-
 def select(config: ExtractConfig, report: ReadReport) -> list[Conversation]:
-    """The split's conversations, in file order, after the first `skip`. With several weighted
-    sources, each gives its share of them (of skip + `limit`, else as many as the scarcest source
-    allows), interleaved evenly."""
-    if config.skip < 0 or (config.limit is not None and config.limit < 1):
-        raise InvalidArgumentError(f"--skip must be >= 0 and --limit >= 1, got {config.skip} and {config.limit}")
+    """The conversations an extraction reads (`conversations.select` with its settings)."""
     if config.answer_tokens is not None and config.answer_tokens < 1:
         raise InvalidArgumentError(f"--answer-tokens must be >= 1, got {config.answer_tokens}")
-    sources = [(s, w) for s, w in parse_sources(config.source) if w > 0]
-    total = sum(w for _, w in sources)
-    wanted = None if config.limit is None else config.skip + config.limit
-    if len(sources) == 1:
-        chosen = _split_of(sources[0][0], config, report, wanted)
-    else:
-        found = [_split_of(s, config, report, None) for s, _ in sources]
-        n = wanted if wanted is not None else \
-            int(min(len(f) * total / w for f, (_, w) in zip(found, sources)))
-        counts = [min(len(f), round(n * w / total)) for f, (_, w) in zip(found, sources)]
-        # conversation i of a source that gives c sits at (i + 0.5) / c of the mix
-        ordered = sorted(((i + 0.5) / c, k, f[i]) for k, (f, c) in enumerate(zip(found, counts)) for i in range(c))
-        chosen = [conversation for _, _, conversation in ordered]
-    chosen = chosen[config.skip:]
-    if not chosen:
-        raise InvalidArgumentError(
-            f"the {config.split} split of '{config.source}' has no conversation with an assistant turn; "
-            "check the file (see `eaglespec show-data`)"
-        )
-    return chosen
+    return select_conversations(config.source, config.split, report, config.limit, config.skip,
+                                config.heldout_fraction, config.seed)
 
 
 @torch.inference_mode()

@@ -21,10 +21,13 @@ from pathlib import Path
 
 from tqdm import tqdm
 
+from eaglespec.decoding.generate import chat_ids
+from eaglespec.decoding.loop import Request, Row, Scheduler
+from eaglespec.decoding.sampling import SamplingParams
 from eaglespec.errors import InvalidArgumentError
 from eaglespec.files import atomic_path, check_manifest, write_json
+from eaglespec.models.conversations import Conversation, ReadReport
 from eaglespec.models.load import Target
-from eaglespec.training.data import Conversation, ReadReport
 from eaglespec.training.features import ExtractConfig, select
 
 
@@ -56,9 +59,6 @@ def answer_conversations(target: Target, conversations: list[Conversation], conf
     of tokens it generated; plain-text records are returned as they are. The conversations' k-th
     answers are decoded `batch_size` at a time (`loop.Scheduler`: rows join as others finish); a
     row's tokens are the ones it gets alone, so the batch size sets only the speed."""
-    from eaglespec.decoding.generate import chat_ids
-    from eaglespec.decoding.loop import Request, Row, Scheduler
-    from eaglespec.decoding.sampling import SamplingParams
 
     messages: list[list[dict[str, str]]] = [[] for _ in conversations]
     generated = [0] * len(conversations)
