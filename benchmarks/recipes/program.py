@@ -331,6 +331,10 @@ def table() -> str:
             if "data" in s:
                 what = "new answers" if s.get("skip") else "answers"
                 data = f"{s['conversations']} of the target's own {what} ({s['tokens']:,})"
+                human = sum(float(part.rpartition(":")[2]) for part in s["data"].split(",") if part.startswith("sharegpt:"))
+                if human:  # own and human answers mixed (weights given as counts)
+                    data = (f"{s['conversations']} answers, {s['conversations'] - int(human)} the target's own and "
+                            f"{int(human)} human ({s['tokens']:,})")
             own, first = (f"{', '.join(f'{a:.3f}' for a in s[k])}; {chain_length(s[k]):.3f}" if k in s else "-"
                           for k in ("alpha_own_text", f"alpha_own_first{FIRST}"))
             if s.get("answer_tokens"):
