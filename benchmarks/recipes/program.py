@@ -1,15 +1,16 @@
 """The long training program: a model's head improved in stretches, each on ShareGPT conversations
 it has not seen, with the CPU time behind every step recorded (acceptance per CPU hour).
 
-    .venv/bin/python benchmarks/recipes/program.py smollm2-135m-instruct            # one stretch
-    .venv/bin/python benchmarks/recipes/program.py smollm2-135m-instruct --data data/regenerated/smollm2-135m-instruct
+    .venv/bin/python benchmarks/recipes/program.py qwen2.5-coder-0.5b-instruct      # one stretch: the recipe's mix
+    .venv/bin/python benchmarks/recipes/program.py smollm2-135m-instruct --slice    # the next ShareGPT slice
     .venv/bin/python benchmarks/recipes/program.py smollm2-135m-instruct --data data/regenerated/smollm2-135m-instruct --new-only
     .venv/bin/python benchmarks/recipes/program.py smollm2-135m-instruct --data ... --budget-minutes 60 --draft-vocab 8192
     .venv/bin/python benchmarks/recipes/program.py --report     # program.png and the README table
 
-A stretch extracts the next slice of the training split (the conversations after those of earlier
-stretches; with `--data SPEC`, instead all of SPEC's training conversations, e.g. the target's own
-answers from `eaglespec regenerate`), trains the current head (the shipped `heads/shipped/MODEL` of the package) on it for the recipe's budget, measures the
+A stretch extracts the recipe's data (the target's own answers from `eaglespec regenerate` and human
+ShareGPT answers, two to one, cut at 192 tokens; `--data SPEC` names other sources; `--slice` takes
+the next slice of ShareGPT conversations after those of earlier stretches), trains the shipped head
+(`src/eaglespec/heads/shipped/MODEL`) on it for the recipe's budget, measures the
 result the same way as the starting point (held-out n-alpha through `eval-head`, fp32, on human
 answers and, where they are committed, on the target's own answers; tau on MT-bench through
 `bench`), and replaces it only if its expected chain length (1 + a0 + a0 a1 + ...) grew:
@@ -57,16 +58,24 @@ NEW_ONLY_EPOCHS = 3  # a --new-only stretch's passes over its (small) slice
 BENCH = ["--dataset", "mt-bench", "--limit", "5", "--methods", "vanilla,eagle,eagle:eagle1", "--temperature", "0",
          "--max-new-tokens", "128", "--threads", "2"]
 
-# Per model: the slice of new conversations per stretch and the training recipe (the head's own
+# Per model: the data of a stretch (`data`: the target's own answers and human ones, two to one,
+# the mix the quality ablation ranked first; `conversations`: the size of a ShareGPT slice, with
+# --slice), the answers' length and the extraction's dtype, and the training recipe (the head's own
 # options: type, draft vocabulary, layers come from the head it continues).
+OWN = "data/regenerated/"
 RECIPES = {
     "smollm2-135m-instruct": {
+        "data": f"{OWN}smollm2-135m-instruct:3460,{OWN}smollm2-135m-instruct-short:1363,"
+                f"{OWN}smollm2-135m-instruct-more:2705,sharegpt:3764",
+        "answer_tokens": 192, "extract_dtype": "bfloat16",
         "conversations": 500,
         "train": ["--loss", "feature:1,ce:0.1", "--unroll", "3", "--lr", "3e-4", "--warmup-steps", "10",
                   "--batch", "8", "--budget-minutes", "40", "--epochs", "100", "--checkpoint-every", "10",
                   "--eval-limit", "20"],
     },
     "qwen2.5-coder-0.5b-instruct": {
+        "data": f"{OWN}qwen2.5-coder-0.5b-instruct:194,{OWN}qwen2.5-coder-0.5b-instruct-more:3360,sharegpt:1777",
+        "answer_tokens": 192, "extract_dtype": "bfloat16",
         "conversations": 200,
         "train": ["--loss", "feature:1,ce:0.1", "--unroll", "3", "--lr", "3e-4", "--warmup-steps", "10",
                   "--batch", "8", "--budget-minutes", "60", "--epochs", "100", "--checkpoint-every", "10",
@@ -352,7 +361,9 @@ def main() -> None:
     parser.add_argument("model", nargs="?", choices=sorted(RECIPES))
     parser.add_argument("--report", action="store_true", help="Redraw program.png and print the README table.")
     parser.add_argument("--data", help="Train this stretch on all of this source's training conversations "
-                        "(e.g. data/regenerated/MODEL, the target's own answers) instead of the next ShareGPT slice.")
+                        "(default: the recipe's mix of the target's own answers and human ones).")
+    parser.add_argument("--slice", action="store_true",
+                        help="Train this stretch on the next slice of ShareGPT conversations instead (human answers).")
     parser.add_argument("--new-only", action="store_true",
                         help="With --data: only the conversations after those the last stretch on the same source trained on.")
     parser.add_argument("--answer-tokens", type=int,
@@ -362,10 +373,10 @@ def main() -> None:
     parser.add_argument("--draft-vocab", type=int,
                         help="Pick the head's draft vocabulary anew: this stretch's N most frequent answer tokens "
                              "(EAGLE-1 heads: their weights carry over).")
-    parser.add_argument("--extract-dtype", choices=["float32", "bfloat16"], default="float32",
-                        help="The target's dtype when extracting this stretch's training features: bfloat16 takes "
-                             "about half the time (Qwen-0.5B, Zen 4) and is the dtype CPU generation runs in; the "
-                             "held-out features stay float32.")
+    parser.add_argument("--extract-dtype", choices=["float32", "bfloat16"], default=None,
+                        help="The target's dtype when extracting this stretch's training features (default: the "
+                             "recipe's, bfloat16: about half float32's time, and the dtype CPU generation runs in); "
+                             "the held-out features stay float32.")
     parser.add_argument("--remeasure", nargs=2, metavar=("STRETCH", "HEAD"),
                         help="Fill in what stretch STRETCH lacks (EAGLE-1-tree tau, n-alpha on own answers) from its head folder HEAD.")
     args = parser.parse_args()
@@ -377,14 +388,17 @@ def main() -> None:
         plot()
         print(table())
     elif args.model:
-        if args.new_only and not args.data:
-            parser.error("--new-only goes with --data")
+        recipe = RECIPES[args.model]
+        if args.slice and (args.data or args.new_only):
+            parser.error("--slice takes the next ShareGPT slice: give it without --data and --new-only")
+        data = None if args.slice else args.data or recipe["data"]
+        answer_tokens = args.answer_tokens or (None if args.slice else recipe["answer_tokens"])
         if args.budget_minutes is not None and args.budget_minutes <= 0:
             parser.error("--budget-minutes must be positive")
         if args.draft_vocab is not None and args.draft_vocab <= 0:
             parser.error("--draft-vocab must be positive")
-        stretch(args.model, args.data, args.new_only, args.answer_tokens, args.budget_minutes, args.draft_vocab,
-                args.extract_dtype)
+        stretch(args.model, data, args.new_only, answer_tokens, args.budget_minutes, args.draft_vocab,
+                args.extract_dtype or recipe["extract_dtype"])
     else:
         parser.error("give a MODEL for one stretch, or --report")
 
