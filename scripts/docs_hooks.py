@@ -1,6 +1,9 @@
-"""MkDocs hooks (mkdocs.yml `hooks:`): the generated CLI reference, and repository files cited by the docs.
+"""MkDocs hooks (mkdocs.yml `hooks:`): the generated CLI reference and methods table, and repository
+files cited by the docs.
 
 - `cli.md` is written from the click commands themselves, so the reference cannot drift from `--help`.
+- A page's `<!-- methods -->` line becomes the table of the registered drafting methods
+  (`eaglespec.decoding.drafters`), so a new drafter file appears in the docs without an edit here.
 - A page cites a repository file (a result's JSON, a plot, a script) with a link relative to `docs/`,
   `../benchmarks/results/x.json`, which also works when the Markdown is read in the repository. The
   build copies each cited file into the site under `repo/` and points the link there; a cited file
@@ -18,6 +21,7 @@ from mkdocs.exceptions import PluginError
 from mkdocs.structure.files import File, Files
 
 from eaglespec.cli import main as cli
+from eaglespec.decoding.drafters import DRAFTERS
 
 ROOT = Path(__file__).resolve().parent.parent
 # a Markdown link or image target: ](target) or ](target#anchor), outside code spans
@@ -66,8 +70,21 @@ def on_files(files: Files, config) -> Files:
     return files
 
 
+def methods_table() -> str:
+    """The registered drafting methods: spec, what drafts, its file, what it needs loaded."""
+    rows = ["| `--method` | what drafts | file | needs beside the target |", "|---|---|---|---|",
+            "| `vanilla` | nothing: one token per target forward | | nothing |"]
+    for cls in DRAFTERS.values():
+        module = cls.__module__.removeprefix("eaglespec.").replace(".", "/") + ".py"
+        needs = cls.needs.noun if cls.needs else "nothing"
+        rows.append(f"| `{cls.syntax}` | {cls.summary} | `{module}` | {needs} |")
+    return "\n".join(rows)
+
+
 def on_page_markdown(markdown: str, page, config, files) -> str:
-    """Point links to repository files at their copies in the site."""
+    """The methods table where a page asks for it; links to repository files pointed at their
+    copies in the site."""
+    markdown = markdown.replace("<!-- methods -->", methods_table())
     def swap(match: re.Match) -> str:
         target, anchor = match.group(1), match.group(2) or ""
         path = _repo_file(target, Path(config["docs_dir"]))

@@ -46,7 +46,7 @@ def tiny_pair(family: str) -> tuple[torch.nn.Module, Decoder]:
 def drafted(proposer, max_depth: int):
     """A proposer's tree, drafted alone as the `Scheduler` drafts it (head forwards through a cache
     of its own)."""
-    entries = getattr(proposer, "entries", None)
+    entries = proposer.entries
     if entries is not None and entries.rows is None:
         HeadRows(entries.head).add(entries)
     draft, result = proposer.propose(max_depth), None

@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from eaglespec.decoding.generate import generate
-from eaglespec.decoding.methods import Eagle
+from eaglespec.decoding.drafters.eagle import Eagle
 from eaglespec.heads.checkpoint import load_head
 from eaglespec.models.load import load_target
 from eaglespec.training.features import ExtractConfig, FeatureSet, extract

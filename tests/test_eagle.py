@@ -10,10 +10,10 @@ from click.testing import CliRunner
 
 from eaglespec.cli import main
 from eaglespec.decoding.generate import generate
-from eaglespec.decoding.methods import Eagle
+from eaglespec.decoding.drafters.eagle import Eagle
 from eaglespec.decoding.tree import EAGLE1_PATHS, DraftTree, parse_tree
 from eaglespec.errors import InvalidArgumentError
-from eaglespec.models.costs import VerifyCosts
+from eaglespec.models.costs import ForwardCosts
 
 
 def test_chain_reports_n_alpha(smollm2, shipped):
@@ -94,9 +94,9 @@ def test_python_api():
 
 
 def test_auto_decodes_plainly_where_drafting_rounds_are_slower_and_probes_again():
-    from eaglespec.decoding.eagle import AutoSize
+    from eaglespec.decoding.sizing import AutoSize
 
-    auto = AutoSize(VerifyCosts([0.0, 0.010, 0.012]))  # one token verified in 10 ms: 100 tokens/s to beat
+    auto = AutoSize(ForwardCosts([0.0, 0.010, 0.012]))  # one token verified in 10 ms: 100 tokens/s to beat
     drafting, now = [], 0.0
     for _ in range(100):
         auto.start_round(now)
@@ -111,7 +111,7 @@ def test_auto_decodes_plainly_where_drafting_rounds_are_slower_and_probes_again(
 
     # the next generation starts where this one stopped: plain, the probe after 31 plain rounds (11
     # of them ended this generation)
-    first, auto = auto, AutoSize(VerifyCosts([0.0, 0.010, 0.012]), earlier=auto)
+    first, auto = auto, AutoSize(ForwardCosts([0.0, 0.010, 0.012]), earlier=auto)
     assert (auto.accepted, auto.predicted, auto.drafted, auto.plain, auto.probe) == \
         (first.accepted, first.predicted, first.drafted, first.plain, first.probe)
     assert auto.drafted is not first.drafted and not auto.sizes  # its own sums; its own rounds
@@ -124,7 +124,7 @@ def test_auto_decodes_plainly_where_drafting_rounds_are_slower_and_probes_again(
     assert [i for i, d in enumerate(drafting) if d] == [20, 21, 22]
 
     # one unlucky first round (1 token in 12 ms) does not stop drafting that pays after it (3 in 15 ms)
-    auto, drafting, now = AutoSize(VerifyCosts([0.0, 0.010, 0.012])), [], 0.0
+    auto, drafting, now = AutoSize(ForwardCosts([0.0, 0.010, 0.012])), [], 0.0
     for i in range(20):
         auto.start_round(now)
         drafting.append(auto.drafting)
@@ -135,9 +135,9 @@ def test_auto_decodes_plainly_where_drafting_rounds_are_slower_and_probes_again(
 
 
 def test_auto_charges_the_heads_catch_up_over_waiting_entries_to_the_rounds_without_a_draft():
-    from eaglespec.decoding.eagle import AutoSize
+    from eaglespec.decoding.sizing import AutoSize
 
-    auto = AutoSize(VerifyCosts([0.0, 0.010, 0.012]))  # both kinds of round start as one vanilla round: 100 tokens/s
+    auto = AutoSize(ForwardCosts([0.0, 0.010, 0.012]))  # both kinds of round start as one vanilla round: 100 tokens/s
     auto.round_start = 1.0
     # this drafting round ran the head over entries of earlier plain rounds (10 ms) and over the
     # prompt (5 ms): the first is theirs, the second no round's
@@ -149,13 +149,13 @@ def test_auto_charges_the_heads_catch_up_over_waiting_entries_to_the_rounds_with
 def test_auto_expands_only_the_nodes_whose_children_could_pay_on_this_cost_curve():
     import math
 
-    from eaglespec.decoding.eagle import AutoSize
+    from eaglespec.decoding.sizing import AutoSize
 
     scores = [math.log(p) for p in (0.6, 0.2, 0.1, 0.05)]  # the root's four children
     parents, candidates = [-1] * 4, [0, 1, 2, 3]
 
     def frontier(cost_of):  # seconds of a forward of n tokens
-        auto = AutoSize(VerifyCosts([cost_of(n) for n in range(66)]))
+        auto = AutoSize(ForwardCosts([cost_of(n) for n in range(66)]))
         auto.round_start = 0.0
         return auto.frontier(scores, parents, candidates, 32, 0.001)
 
@@ -166,31 +166,29 @@ def test_auto_expands_only_the_nodes_whose_children_could_pay_on_this_cost_curve
 
 def test_trees_shrink_as_the_batch_fills():
     """Rows decoded together share the forward: a row beside others whose tokens already fill the
-    forward's cheap part verifies fewer nodes (`VerifyCosts.beside`, set by the scheduler), and
+    forward's cheap part verifies fewer nodes (the `Budget` the scheduler hands its proposer), and
     the cost table extends past its measured end at its last slope."""
-    from eaglespec.decoding.eagle import best_prefix
-    from eaglespec.models.costs import Beside
+    from eaglespec.decoding.sizing import Budget, RoundCosts, best_prefix
 
-    costs = VerifyCosts([0.0] + [0.010] * 16 + [0.010 + 0.001 * n for n in range(1, 50)])  # a knee at 16 tokens
+    costs = ForwardCosts([0.0] + [0.010] * 16 + [0.010 + 0.001 * n for n in range(1, 50)])  # a knee at 16 tokens
     expected = [0.8, 0.6, 0.5, 0.4, 0.3, 0.25, 0.2, 0.15, 0.1, 0.1]
-    alone, _ = best_prefix(expected, costs, 0.0)
-    costs.beside = Beside(tokens=40, accepted=6.0, seconds=0.002)  # three rows of about 13 tokens
-    crowded, _ = best_prefix(expected, costs, 0.0)
+    alone, _ = best_prefix(expected, RoundCosts(costs), 0.0)
+    crowded_costs = RoundCosts(costs, Budget(tokens=40, accepted=6.0, seconds=0.002))  # three rows of about 13 tokens
+    crowded, _ = best_prefix(expected, crowded_costs, 0.0)
     assert alone == 10 and 1 <= crowded < alone
-    assert costs.forward(30) == pytest.approx(0.010 + 0.001 * (70 - 16))  # 40 + 30 tokens, past the measured 65
-    costs.beside = Beside()
-    assert costs.forward(3) == 0.010 and costs.rate(2.0, 3, 0.0) == 2.0 / 0.010
+    assert crowded_costs.forward(30) == pytest.approx(0.010 + 0.001 * (70 - 16))  # 40 + 30 tokens, past the measured 65
+    assert RoundCosts(costs).forward(3) == 0.010 and RoundCosts(costs).rate(2.0, 3, 0.0) == 2.0 / 0.010
 
 
 def test_auto_rounds_without_a_draft_keep_the_output(smollm2, shipped, monkeypatch):
     """Rounds that skip drafting leave the head's entries waiting; the next drafting round runs
     them all: greedy output still equals vanilla's."""
-    from eaglespec.decoding.eagle import AutoSize
+    from eaglespec.decoding.sizing import ALONE, AutoSize
 
     start_round, made = AutoSize.start_round, []
 
-    def every_third(self, now):
-        start_round(self, now)
+    def every_third(self, now, budget=ALONE):
+        start_round(self, now, budget)
         self.drafting = len(made) % 3 == 0
         made.append(self)
 
@@ -209,7 +207,7 @@ def test_auto_rounds_without_a_draft_keep_the_output(smollm2, shipped, monkeypat
 def test_auto_starts_a_generation_from_what_the_last_one_learned(smollm2, shipped):
     """A method that found drafting slower starts the next generation plain: the prompt's head
     entries wait until a probe, and the output still equals vanilla's."""
-    from eaglespec.decoding.eagle import AutoSize
+    from eaglespec.decoding.sizing import AutoSize
 
     method = Eagle(shipped, "auto")
     prompt = "Write a Python function that checks whether a number is prime."

@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from eaglespec.decoding.generate import generate
-from eaglespec.decoding.methods import parse_method
+from eaglespec.decoding.drafters import parse_method
 from eaglespec.errors import InvalidArgumentError
 from eaglespec.heads.checkpoint import load_head
 from eaglespec.models.load import load_target
@@ -114,7 +114,7 @@ def test_tree_rows_equal_one_token_decoding_at_full_size(dtype, weights):
 @pytest.mark.parametrize("dtype, weights", FORMATS, ids=lambda v: v)  # fp32 dense: test_methods.py
 def test_greedy_equals_vanilla_in_every_format(dtype, weights, spec):
     target = load(dtype, weights)
-    method = parse_method(spec, load_head("default", target))
+    method = parse_method(spec, head=load_head("default", target))
     for prompt in PROMPTS:
         vanilla = generate(target, prompt, chat=True, max_new_tokens=40)
         out = generate(target, prompt, chat=True, max_new_tokens=40, method=method)

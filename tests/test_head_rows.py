@@ -46,7 +46,7 @@ def test_rows_drafting_together_get_what_they_get_alone(shipped):
             for i, result in zip(live, run_all([draft(rows[i], committed[i], *drafts[i]) for i in live])):
                 got[i, r, "draft"] = result
             for i in live:
-                rows[i].length = committed[i]  # drop the draft entries
+                rows[i].truncate(committed[i])  # drop the draft entries
             if leaving is not None and r == 0:
                 leaving.remove(rows[1])  # the middle row leaves: the others' entries move down
         return got

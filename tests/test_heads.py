@@ -10,7 +10,7 @@ import torch
 from conftest import drafted
 from safetensors import safe_open
 
-from eaglespec.decoding.eagle import EagleProposer
+from eaglespec.decoding.drafters.eagle import EagleProposer
 from eaglespec.decoding.sampling import Draws, SamplingParams
 from eaglespec.decoding.tree import parse_tree
 from eaglespec.errors import InvalidArgumentError

@@ -7,14 +7,15 @@ import pytest
 from conftest import drafted
 
 from eaglespec.decoding.generate import generate
-from eaglespec.decoding.hybrid import Calibration, HybridProposer, match_class
-from eaglespec.decoding.methods import Hybrid, method_needs, parse_method
+from eaglespec.decoding.drafters.hybrid import Hybrid, HybridProposer, match_class
+from eaglespec.decoding.drafters import Artefact, method_needs, parse_method
+from eaglespec.decoding.sizing import Calibration
 from eaglespec.decoding.ngram_index import KEY, NgramIndex
 from eaglespec.errors import InvalidArgumentError
-from eaglespec.models.costs import VerifyCosts
+from eaglespec.models.costs import ForwardCosts
 
-FLAT = VerifyCosts([0.0] + [1.0 + 0.001 * n for n in range(1, 70)])  # a forward of many tokens costs about one token
-STEEP = VerifyCosts([0.0] + [float(n) for n in range(1, 70)])  # forwards cost in proportion to their tokens
+FLAT = ForwardCosts([0.0] + [1.0 + 0.001 * n for n in range(1, 70)])  # a forward of many tokens costs about one token
+STEEP = ForwardCosts([0.0] + [float(n) for n in range(1, 70)])  # forwards cost in proportion to their tokens
 
 
 def test_continuations_are_the_longest_matches_scored_by_share():
@@ -87,9 +88,9 @@ def test_a_node_two_sources_propose_is_one_node():
 
 
 def test_hybrid_specs_and_bad_input(shipped):
-    assert parse_method("hybrid", shipped) == Hybrid(shipped)
+    assert parse_method("hybrid", head=shipped) == Hybrid(shipped)
     assert parse_method("hybrid:lookup+suffix=1000") == Hybrid(None, ("lookup", "suffix"), 1000)
-    assert [method_needs(s) for s in ("hybrid", "hybrid:eagle+lookup", "hybrid:suffix")] == ["head", "head", ""]
+    assert [method_needs(s) for s in ("hybrid", "hybrid:eagle+lookup", "hybrid:suffix")] == [Artefact.EAGLE_HEAD, Artefact.EAGLE_HEAD, None]
     for bad, message in [("hybrid:medusa", "expected some of eagle"), ("hybrid:lookup+lookup", "once each"),
                          ("hybrid:lookup=3", "suffix=N"), ("hybrid:suffix=x", "suffix=N"),
                          ("hybrid:suffix=0", "at least 1 token"), ("hybrid:suffix=-5", "at least 1 token"),
@@ -100,7 +101,7 @@ def test_hybrid_specs_and_bad_input(shipped):
 
 def test_the_suffix_cache_accepts_far_more_on_a_repeated_workload(smollm2, monkeypatch):
     """The same prompts twice in one process: the second pass copies the first pass's answers."""
-    monkeypatch.setattr(smollm2.model, "_verify_costs", FLAT)  # sizes that do not depend on this machine
+    monkeypatch.setattr(smollm2.model, "_forward_costs", FLAT)  # sizes that do not depend on this machine
     method = parse_method("hybrid:suffix=5000")
     prompts = ["Name three fruits.", "What is the capital of France?", "Write a haiku about rain."]
     first = [generate(smollm2, p, chat=True, max_new_tokens=32, method=method) for p in prompts]

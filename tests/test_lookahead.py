@@ -4,7 +4,7 @@ window's moves. Greedy equality, the limits and the distribution test run in tes
 
 import torch
 
-from eaglespec.decoding.lookahead import LookaheadProposer
+from eaglespec.decoding.drafters.lookahead import LookaheadProposer
 from eaglespec.decoding.tree import DraftTree
 
 
@@ -14,7 +14,7 @@ def test_each_column_guesses_the_targets_token_after_its_trajectory(smollm2):
     W, N = 4, 4
     proposer = LookaheadProposer(W, N, 3)
     proposer.start(prompt, None)
-    tree = proposer.propose(10)
+    tree = proposer.draft(10)
     assert len(tree) > 0 and tree.extra is not None  # " fox jumps over" from the prompt's n-grams
     assert len(tree.extra.tokens) == W * (N - 1) - 1
     cache = model.new_cache(len(prompt) + len(tree) + len(tree.extra.tokens) + 1)
@@ -43,7 +43,7 @@ def test_the_pool_keeps_each_columns_trajectory_and_the_window_follows_the_root(
     proposer = LookaheadProposer(window=2, ngram=3, pool=2)
     proposer.start([1, 2, 3, 1, 2, 4], None)
     assert proposer.pool[1] == [(2, 3), (2, 4)] and proposer.pool[2] == [(3, 1)]
-    tree = proposer.propose(5)  # the root 4 starts no n-gram
+    tree = proposer.draft(5)  # the root 4 starts no n-gram
     assert len(tree) == 0 and tree.extra.offsets == [1, 1, 2] and tree.extra.attends == [[], [], [0]]
     window = [list(level) for level in proposer.window]
     proposer.observe(torch.nn.functional.one_hot(torch.tensor([0, 7, 8]), 10).float())  # guesses 7, 8
@@ -51,7 +51,7 @@ def test_the_pool_keeps_each_columns_trajectory_and_the_window_follows_the_root(
     assert proposer.pool[4] == [(window[1][0], 7)]  # column 0 starts at the root
     assert proposer.pool[window[0][1]][-1] == (window[1][1], 8)
     assert proposer.window == [window[1], [7, 8]] and proposer.root == 5
-    proposer.propose(5)
+    proposer.draft(5)
     proposer.accept([9, 6], None)  # a draft token accepted (no window rows ran): two moves
     assert proposer.window == [[7, 8], [7, 8]] and proposer.root == 6
     for continuation in [(1, 1), (2, 2), (1, 1), (5, 5)]:

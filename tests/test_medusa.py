@@ -10,13 +10,13 @@ import pytest
 import torch
 from safetensors.torch import load_file, save_file
 
-from eaglespec.decoding.hybrid import Calibration
-from eaglespec.decoding.medusa import PROBE, TOPK, MedusaProposer
-from eaglespec.decoding.methods import Medusa, method_needs, parse_method
+from eaglespec.decoding.drafters.medusa import PROBE, TOPK, Medusa, MedusaProposer
+from eaglespec.decoding.drafters import Artefact, method_needs, parse_method
+from eaglespec.decoding.sizing import Calibration
 from eaglespec.errors import InvalidArgumentError
 from eaglespec.heads.checkpoint import HeadMismatchError, load_head, save_head
 from eaglespec.heads.head import MedusaHead, make_head
-from eaglespec.models.costs import VerifyCosts
+from eaglespec.models.costs import ForwardCosts
 
 
 def test_fresh_heads_give_the_targets_own_logits_and_unroll_as_training_reads(smollm2):
@@ -62,7 +62,7 @@ def test_a_medusa_head_for_another_target_is_refused(random_medusa, tiny_target_
 
 
 def test_a_head_of_the_wrong_kind_is_refused(shipped, random_medusa):
-    assert method_needs("medusa") == method_needs("medusa:8") == "medusa"
+    assert method_needs("medusa") == method_needs("medusa:8") is Artefact.MEDUSA_HEAD
     assert parse_method("medusa:8", medusa=random_medusa) == Medusa(random_medusa, 8)
     for spec, kwargs, message in [("medusa", {"head": shipped}, "needs a Medusa head"),
                                   ("medusa", {"medusa": shipped}, "this one is an EAGLE head"),
@@ -76,7 +76,7 @@ def test_a_head_of_the_wrong_kind_is_refused(shipped, random_medusa):
 
 def test_candidates_are_the_best_paths_by_probability_product_and_every_prefix_is_a_tree(smollm2, random_medusa):
     c = smollm2.model.config
-    proposer = MedusaProposer(random_medusa, None, Calibration(), VerifyCosts([0.0] + [1.0] * 40))
+    proposer = MedusaProposer(random_medusa, None, Calibration(), ForwardCosts([0.0] + [1.0] * 40))
     proposer.start([1, 2, 3], torch.randn(1, 2, c.hidden_size))
     paths, scores, tokens = proposer.candidates(3)
     probs = torch.softmax(random_medusa.logits(random_medusa(proposer.feature)).float(), -1)
@@ -91,27 +91,27 @@ def test_candidates_are_the_best_paths_by_probability_product_and_every_prefix_i
     assert scores == pytest.approx(every[:32])
     assert torch.equal(tokens, random_medusa.to_target(probs.topk(TOPK, -1).indices))
     # flat verification costs: every candidate pays; the tree's tokens are the heads' top tokens
-    tree = proposer.propose(3)
+    tree = proposer.draft(3)
     assert len(tree) == 32 and tree.depths() == [len(p) for p in paths]
     assert tree.tokens == [int(tokens[len(p) - 1, p[-1]]) for p in paths]
-    assert max(proposer.propose(1).depths()) == 1
+    assert max(proposer.draft(1).depths()) == 1
     predicted = sum(proposer.estimates)
     proposer.accept([tree.tokens[0], 7], torch.randn(1, 2, c.hidden_size))  # one draft token accepted
     memory, (a, p) = Calibration.MEMORY, Calibration.PRIOR
     assert proposer.calibration.factor(("medusa",)) == pytest.approx((memory * a + 1) / (memory * p + predicted))
     # where nothing pays, the heads rest: PROBE - 1 plain rounds, then the best node verified to measure again
-    steep = MedusaProposer(random_medusa, None, Calibration(), VerifyCosts([float(n) for n in range(40)]))
+    steep = MedusaProposer(random_medusa, None, Calibration(), ForwardCosts([float(n) for n in range(40)]))
     steep.start([1, 2, 3], torch.randn(1, 2, c.hidden_size))
     calls = []
     real = steep.candidates
     steep.candidates = lambda depth: calls.append(depth) or real(depth)
     sizes = []
     for _ in range(2 * PROBE + 1):
-        sizes.append(len(steep.propose(3)))
+        sizes.append(len(steep.draft(3)))
         steep.accept([5], torch.randn(1, 1, c.hidden_size))
     assert sizes == [0] * PROBE + [1] + [0] * (PROBE - 1) + [1] and len(calls) == 3
     fixed = MedusaProposer(random_medusa, 5, Calibration(), None)
     fixed.start([1], None)
-    assert len(fixed.propose(3)) == 0  # no feature yet: a plain round
+    assert len(fixed.draft(3)) == 0  # no feature yet: a plain round
     fixed.accept([4], torch.randn(1, 1, c.hidden_size))
-    assert len(fixed.propose(3)) == 5 and fixed.describe().startswith("medusa:3 heads, top-8, 5 nodes")
+    assert len(fixed.draft(3)) == 5 and fixed.describe().startswith("medusa:3 heads, top-8, 5 nodes")

@@ -18,13 +18,16 @@ import torch
 
 from eaglespec.decoding.generate import generate, prompt_ids
 from eaglespec.decoding.loop import Request, Scheduler
-from eaglespec.decoding.methods import METHOD_HELP, Eagle, Hybrid, PromptLookup, method_needs, parse_method
-from eaglespec.decoding.methods import METHODS as REGISTERED
-from eaglespec.decoding.prompt_lookup import ChainSize, PromptLookupProposer
+from eaglespec.decoding.drafters import Artefact, method_needs, parse_method
+from eaglespec.decoding.drafters.eagle import Eagle
+from eaglespec.decoding.drafters.hybrid import Hybrid
+from eaglespec.decoding.drafters.prompt_lookup import PromptLookup
+from eaglespec.decoding.drafters.prompt_lookup import PromptLookupProposer
+from eaglespec.decoding.sizing import ALONE, AutoSize, ChainSize
 from eaglespec.decoding.sampling import SamplingParams
 from eaglespec.errors import InvalidArgumentError
 from eaglespec.heads.head import Eagle3Head, EagleHead
-from eaglespec.models.costs import VerifyCosts
+from eaglespec.models.costs import ForwardCosts
 
 PROMPTS = [
     "Write a Python function that checks whether a number is prime.",
@@ -44,16 +47,15 @@ def auto_drafts_every_round(monkeypatch):
     0, 1, 2, ... of their candidates in turn: where drafting rounds measure slower than plain ones they
     decode plainly (a matter of the machine's timing, tested in test_eagle.py, test_hybrid.py and
     with given costs below), and these tests must exercise the drafting path."""
-    from eaglespec.decoding import hybrid, medusa
-    from eaglespec.decoding.eagle import AutoSize
+    from eaglespec.decoding.drafters import hybrid, medusa
 
     start_round = AutoSize.start_round
 
-    def drafting(self, now):
-        start_round(self, now)
+    def drafting(self, now, budget=ALONE):
+        start_round(self, now, budget)
         self.drafting = True
 
-    def in_turn(self, available):
+    def in_turn(self, available, budget=ALONE):
         self.sizes.append(len(self.sizes) % (available + 1))
         return self.sizes[-1]
 
@@ -122,7 +124,7 @@ def make(shipped, random_head, imported_head, eagle3_heads, smollm2_draft, rando
             return Hybrid(random_head)
         if name in eagle3_heads:
             return Eagle(eagle3_heads[name], tree)
-        return parse_method(spec, shipped, smollm2_draft)
+        return parse_method(spec, head=shipped, draft=smollm2_draft)
 
     return make
 
@@ -332,12 +334,12 @@ def test_the_sampling_test_catches_a_shifted_distribution(smollm2, smollm2_hf):
 def test_prompt_lookup_drafts_the_latest_longest_match():
     pld = PromptLookupProposer(num_tokens=3, max_ngram=2)
     pld.start([1, 2, 3, 9, 1, 2, 4, 5, 6, 2], None)
-    assert pld.propose(10).tokens == [4, 5, 6]  # 1-gram [2]: its latest earlier occurrence
+    assert pld.draft(10).tokens == [4, 5, 6]  # 1-gram [2]: its latest earlier occurrence
     pld.accept([7, 1, 2], None)  # ... 6, 2, 7, 1, 2 -> 2-gram [1, 2] matched latest at index 4
-    tree = pld.propose(2)
+    tree = pld.draft(2)
     assert (tree.tokens, tree.parents) == ([4, 5], [-1, 0])
     pld.accept([8], None)  # 8 never occurred: no draft
-    assert len(pld.propose(3)) == 0
+    assert len(pld.draft(3)) == 0
 
 
 def test_sized_prompt_lookup_verifies_what_pays_on_the_cost_curve(monkeypatch):
@@ -345,14 +347,14 @@ def test_sized_prompt_lookup_verifies_what_pays_on_the_cost_curve(monkeypatch):
     flat = [0.0] + [1.0 + 0.001 * n for n in range(1, 12)]  # a forward of 11 tokens costs about one token
     steep = [0.0] + [float(n) for n in range(1, 12)]  # forwards cost in proportion to their tokens
     monkeypatch.undo()  # (the autouse fixture's sizes in turn)
-    pld = PromptLookupProposer(num_tokens=6, verify_costs=VerifyCosts(flat))
+    pld = PromptLookupProposer(num_tokens=6, costs=ForwardCosts(flat))
     pld.start(history, None)
-    assert pld.propose(10).tokens == [6, 7, 8, 9, 10, 11]  # worth verifying whole
+    assert pld.draft(10).tokens == [6, 7, 8, 9, 10, 11]  # worth verifying whole
     pld.accept([6, 7, 8, 12], None)  # three accepted, the fourth rejected
     assert pld.sizing.tried[:5] == [2, 2, 2, 2, 1] and pld.sizing.hits[:5] == [1.5, 1.5, 1.5, 0.5, 0.5]
-    pld = PromptLookupProposer(num_tokens=6, verify_costs=VerifyCosts(steep))
+    pld = PromptLookupProposer(num_tokens=6, costs=ForwardCosts(steep))
     pld.start(history, None)
-    sizes = [len(pld.propose(10)) for _ in range(ChainSize.PROBE)]
+    sizes = [len(pld.draft(10)) for _ in range(ChainSize.PROBE)]
     assert sizes == [0] * (ChainSize.PROBE - 1) + [1]  # plain rounds; the eighth drafts one token to measure
     assert "0 of" not in pld.describe() and pld.describe().startswith("pld:auto<=6")
 
@@ -361,10 +363,9 @@ def test_method_specs_and_bad_methods(shipped, smollm2_draft):
     assert parse_method("vanilla") is None
     assert parse_method("pld") == PromptLookup(10, sized=True) and parse_method("pld:4") == PromptLookup(4)
     assert parse_method("sps:2", draft=smollm2_draft).num_tokens == 2
-    assert parse_method("eagle:chain:3", shipped).tree == "chain:3"
-    assert [method_needs(s) for s in ("vanilla", "eagle:chain:2", "sps:3", "pld")] == ["", "head", "draft", ""]
-    for name, cls in REGISTERED.items():  # every registered method is named in the help
-        assert cls.name == name and cls.syntax in METHOD_HELP
+    assert parse_method("eagle:chain:3", head=shipped).tree == "chain:3"
+    assert [method_needs(s) for s in ("vanilla", "eagle:chain:2", "sps:3", "pld")] == [
+        None, Artefact.EAGLE_HEAD, Artefact.DRAFT_MODEL, None]
     for bad, message in [("jacobi", "unknown method"), ("lookahead:W=0", "W 1-16"), ("lookahead:K=2", "expected lookahead:"), ("medusa", "needs a Medusa head"), ("pld:0", "K >= 1"), ("sps:x", "K >= 1"),
                          ("eagle:chain:0", "chain needs"), ("eagle", "needs an EAGLE head"),
                          ("sps", "needs a draft model"), ("vanilla:2", "unknown method"),

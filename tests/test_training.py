@@ -326,9 +326,9 @@ def test_regenerated_answers_are_the_targets_own_and_resume(tiny, dataset, tmp_p
     assert regenerate(tiny, config, out, max_minutes=0)["left"] == 2  # stopped after the first shard
     first_shard = (out / "part-00000.jsonl.gz").read_bytes()
     # the drafting method sets only the speed: a folder resumes with another, each shard records its own
-    from eaglespec.decoding.methods import parse_method
+    from eaglespec.decoding.drafters import parse_method
 
-    assert regenerate(tiny, replace(config, method="pld"), out, parse_method("pld", None))["done_now"] == 2
+    assert regenerate(tiny, replace(config, method="pld"), out, parse_method("pld"))["done_now"] == 2
     assert (out / "part-00000.jsonl.gz").read_bytes() == first_shard
     shards = json.loads((out / "manifest.json").read_text())["shards"]
     assert [s["method"] for s in shards.values()] == ["vanilla", "pld", "pld"]

@@ -12,13 +12,14 @@ import pytest
 import torch
 from conftest import drafted
 
-from eaglespec.decoding.hybrid import Calibration, HybridProposer
+from eaglespec.decoding.drafters.hybrid import HybridProposer
+from eaglespec.decoding.sizing import Calibration
 from eaglespec.decoding.ngram_index import NgramIndex
 from eaglespec.decoding.sampling import Draws, SamplingParams, warp
 from eaglespec.decoding.tree import DraftTree
 from eaglespec.decoding import verify as verify_module
 from eaglespec.decoding.verify import verify
-from eaglespec.models.costs import VerifyCosts
+from eaglespec.models.costs import ForwardCosts
 
 V = 5
 
@@ -222,7 +223,7 @@ def test_a_hybrid_tree_of_copied_paths_is_exact(params):
     disagree, a node both propose merged."""
     cache = NgramIndex()
     cache.add([1, 2, 0, 4, 1, 2, 0, 3, 1, 2, 4])
-    hybrid = HybridProposer(None, True, cache, Calibration(), VerifyCosts([0.0] + [1.0] * 70))
+    hybrid = HybridProposer(None, True, cache, Calibration(), ForwardCosts([0.0] + [1.0] * 70))
     hybrid.start([3, 1, 2, 3, 0, 1, 2], None)
     tree = drafted(hybrid, 3)
     assert set(tree.paths()) == {(0,), (0, 4), (0, 3), (0, 4, 1), (0, 3, 1), (4,), (3,), (3, 0), (3, 0, 1)}

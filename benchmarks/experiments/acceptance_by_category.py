@@ -34,7 +34,7 @@ def main() -> None:
     rows = [json.loads(line) for line in fetch_dataset(DATASETS["mt-bench"]).read_text().splitlines() if line.strip()]
     model = eaglespec.load(args.model, head=args.head, dtype="float32")
     target, params = model.target, SamplingParams()
-    proposer = model.drafting("eagle", "chain:1").bind(target, params)
+    proposer = model.method("eagle", "chain:1").bind(target, params)
     tried, accepted = defaultdict(int), defaultdict(int)
     for row in tqdm(rows, desc="first turns"):
         stats = DecodeStats()

@@ -18,7 +18,7 @@ import torch
 from common import machine, write_json
 from eaglespec.api import load
 from eaglespec.bench.datasets import load_items
-from eaglespec.decoding.eagle import AutoSize
+from eaglespec.decoding.sizing import AutoSize
 
 SKY = "Explain in three sentences why the sky is blue."  # the main command's prompt until 2026-12-05
 

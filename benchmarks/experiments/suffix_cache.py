@@ -23,7 +23,7 @@ from common import machine, write_json
 import eaglespec  # noqa: E402
 from eaglespec.bench.datasets import load_items  # noqa: E402
 from eaglespec.decoding.generate import chat_ids  # noqa: E402
-from eaglespec.decoding.methods import parse_method  # noqa: E402
+from eaglespec.decoding.drafters import parse_method  # noqa: E402
 
 
 def main() -> None:
@@ -44,8 +44,8 @@ def main() -> None:
     prompts = [chat_ids(model.target, [{"role": "user", "content": item.turns[0]}])
                for item in load_items("humaneval", args.problems)]
     for spec in specs:  # warm-up, on objects then dropped (a suffix cache would keep the first answer)
-        model.generate(prompts[0], method=parse_method(spec, model.head) or "vanilla", max_new_tokens=8)
-    methods = {spec: parse_method(spec, model.head) or "vanilla" for spec in specs}
+        model.generate(prompts[0], method=parse_method(spec, head=model.head) or "vanilla", max_new_tokens=8)
+    methods = {spec: parse_method(spec, head=model.head) or "vanilla" for spec in specs}
     runs = {spec: [[], []] for spec in specs}
     bar = tqdm(total=2 * len(prompts) * len(specs), desc="two passes", unit="generation")
     for p in range(2):

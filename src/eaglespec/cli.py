@@ -27,6 +27,20 @@ class Group(click.Group):
             sys.exit(130)
 
 
+class MethodsOption(click.Option):
+    """An option whose help lists the registered drafting methods where it says {methods}, when shown."""
+
+    def get_help_record(self, ctx: click.Context):
+        from eaglespec.decoding.drafters import method_help
+
+        template = self.help
+        self.help = template.replace("{methods}", method_help())
+        try:
+            return super().get_help_record(ctx)
+        finally:
+            self.help = template
+
+
 weights_option = click.option(
     "--weights", type=click.Choice(["dense", "int8", "int4"]), default="dense", show_default=True,
     help="Target weight format: dense (--dtype), or int8 / int4 weight-only quantized matrices, kept quantized "
@@ -83,9 +97,8 @@ def fetch(name: str) -> None:
 @click.option("--ignore-eos", is_flag=True, help="Keep generating past EOS (for benchmarks).")
 @click.option("--dtype", type=click.Choice(["bfloat16", "float32"]), default="bfloat16", show_default=True)
 @weights_option
-@click.option("--method", default=None,
-              help="vanilla | eagle[:TREE] | sps[:K] (with --draft-model) | pld[:K] | hybrid[:SOURCES] | medusa[:N] | lookahead; "
-                   "--tree sets eagle's tree. Default: eagle where a head is loaded, else vanilla.")
+@click.option("--method", default=None, cls=MethodsOption,
+              help="{methods}; --tree sets eagle's tree. Default: eagle where a head is loaded, else vanilla.")
 @click.option("--head", "head_spec", default="default", show_default=True,
               help="EAGLE head: a folder from `eaglespec train`, or 'default' for the one we ship for the model "
                    "(where there is one).")
@@ -110,20 +123,21 @@ def generate(model_spec: str, prompt: str, chat: bool, max_new_tokens: int, temp
 
     from eaglespec.api import load
     from eaglespec.decoding.loop import check_max_new_tokens
-    from eaglespec.decoding.methods import NEEDS, method_needs, method_spec
+    from eaglespec.decoding.drafters import Artefact, method_needs, method_spec
     from eaglespec.decoding.sampling import SamplingParams
     from eaglespec.decoding.tree import parse_tree
 
     check_max_new_tokens(max_new_tokens)  # reject bad values before loading anything
     SamplingParams(temperature=temperature, top_p=top_p, top_k=top_k)
     parse_tree(tree)
-    needs = method_needs(method_spec(method, tree)) if method else "head"
-    if needs == "draft" and not draft_model:
-        raise InvalidArgumentError(f"method '{method}' needs {NEEDS['draft']}")
+    needs = method_needs(method_spec(method, tree)) if method else Artefact.EAGLE_HEAD
+    if needs is Artefact.DRAFT_MODEL and not draft_model:
+        raise InvalidArgumentError(f"method '{method}' needs {needs.help}")
     if threads:
         torch.set_num_threads(threads)
-    model = load(model_spec, head_spec if needs == "head" else None, dtype, device,
-                 draft_model if needs == "draft" else None, weights, medusa_spec if needs == "medusa" else None)
+    model = load(model_spec, head_spec if needs is Artefact.EAGLE_HEAD else None, dtype, device,
+                 draft_model if needs is Artefact.DRAFT_MODEL else None, weights,
+                 medusa_spec if needs is Artefact.MEDUSA_HEAD else None)
     settings = {"chat": chat, "max_new_tokens": max_new_tokens, "temperature": temperature, "top_p": top_p,
                 "top_k": top_k, "seed": seed, "stop_strings": stop, "ignore_eos": ignore_eos,
                 "method": method, "tree": tree}
@@ -267,9 +281,11 @@ def extract(model_spec, data, split, limit, skip, max_len, answer_tokens, heldou
 @click.option("--max-new-tokens", default=512, show_default=True, help="Tokens per answer.")
 @click.option("--max-prompt-tokens", default=1024, show_default=True,
               help="A conversation ends before an answer whose prompt is longer.")
-@click.option("--method", default="vanilla", show_default=True,
-              help="Drafting method of the decoding loop (greedy output is the target's whatever the method).")
-@click.option("--head", "head_spec", default="default", show_default=True, help="EAGLE head, for --method eagle.")
+@click.option("--method", default="vanilla", show_default=True, cls=MethodsOption,
+              help="Drafting method of the decoding loop, {methods} (greedy output is the target's whatever "
+                   "the method; no draft model here).")
+@click.option("--head", "head_spec", default="default", show_default=True,
+              help="The head the method drafts with (EAGLE, or Medusa for medusa): a folder or 'default'.")
 @click.option("--heldout-fraction", default=0.02, show_default=True)
 @click.option("--seed", default=0, show_default=True, help="Seed of the held-out split.")
 @click.option("--shard-size", default=64, show_default=True, help="Conversations per shard.")
@@ -284,19 +300,20 @@ def regenerate(model_spec, data, split, limit, skip, turns, max_new_tokens, max_
     import torch
 
     from eaglespec.api import load
-    from eaglespec.decoding.methods import method_needs
+    from eaglespec.decoding.drafters import Artefact, method_needs
     from eaglespec.training.regenerate import RegenerateConfig
     from eaglespec.training.regenerate import regenerate as run_regenerate
 
     config = RegenerateConfig(model_spec, data, split, limit, turns, max_new_tokens, max_prompt_tokens, method,
                               heldout_fraction, seed, shard_size, skip)
     needs = method_needs(method)
-    if needs == "draft":
-        raise EaglespecError("regenerate drafts with vanilla, eagle or pld (no draft model here)")
+    if needs is Artefact.DRAFT_MODEL:
+        raise EaglespecError(f"regenerate loads no draft model, and method '{method}' needs one: use another method")
     if threads:
         torch.set_num_threads(threads)
-    model = load(model_spec, head_spec if needs == "head" else None)
-    summary = run_regenerate(model.target, config, out, model.drafting(method), max_minutes, batch_size)
+    model = load(model_spec, head_spec if needs is Artefact.EAGLE_HEAD else None,
+                 medusa_head=head_spec if needs is Artefact.MEDUSA_HEAD else None)
+    summary = run_regenerate(model.target, config, out, model.method(method), max_minutes, batch_size)
     click.echo(f"{out}: {summary}")
 
 
@@ -444,9 +461,8 @@ def export(model_spec: str, head_spec: str, fmt: str, out: str, force: bool) -> 
 @click.option("--dataset", default="mt-bench", show_default=True,
               help="mt-bench | humaneval | sharegpt (held-out split) | a .jsonl/.json file of prompts.")
 @click.option("--limit", default=10, show_default=True, help="Items to run (0: all).")
-@click.option("--methods", default="vanilla,eagle,pld", show_default=True,
-              help="Comma-separated: vanilla | eagle[:TREE] | sps[:K] | pld[:K] | hybrid[:SOURCES] | medusa[:N] | lookahead | "
-                   "hf | hf-assisted | hf-pld | "
+@click.option("--methods", default="vanilla,eagle,pld", show_default=True, cls=MethodsOption,
+              help="Comma-separated: {methods} | hf | hf-assisted | hf-pld | "
                    "llama.cpp | llama.cpp-ngram | llama.cpp-draft | llama.cpp-eagle3 (with an EAGLE-3 --head) "
                    "(built by scripts/setup_llamacpp.sh).")
 @click.option("--temperature", default=0.0, show_default=True, type=float, help="0 is greedy decoding.")
@@ -534,9 +550,9 @@ def suite(suite_file, out, only, list_only) -> None:
               help="Bundled model name, Hugging Face folder, or .gguf file.")
 @click.option("--head", "head_spec", default="default", show_default=True,
               help="EAGLE head: a folder from `eaglespec train`, or 'default' for the one we ship for the model.")
-@click.option("--method", default=None,
-              help="How requests that name none decode (eagle[:TREE] | pld[:K] | hybrid[:SOURCES] | vanilla); a "
-                   "request may name another in its `method` field. Default: eagle where a head is loaded.")
+@click.option("--method", default=None, cls=MethodsOption,
+              help="How requests that name none decode ({methods}); a request may name another in its `method` "
+                   "field. Default: eagle where a head is loaded.")
 @click.option("--host", default="127.0.0.1", show_default=True, help="Address to bind (0.0.0.0: every interface).")
 @click.option("--port", default=8000, show_default=True, type=int)
 @click.option("--api-key", default=None, envvar="EAGLESPEC_API_KEY", show_envvar=True,

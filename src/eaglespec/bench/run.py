@@ -31,10 +31,11 @@ import torch
 from tqdm import tqdm
 
 from eaglespec.bench.datasets import Item, load_items
-from eaglespec.decoding.draft_model import check_draft_model
+from eaglespec.decoding.drafters import Artefact, method_help, method_needs, parse_method
+from eaglespec.decoding.drafters.draft_model import check_draft_model
+from eaglespec.decoding.drafters.prompt_lookup import PromptLookup
 from eaglespec.decoding.generate import chat_ids, generate
 from eaglespec.decoding.loop import Request, Row, Scheduler
-from eaglespec.decoding.methods import METHOD_HELP, PromptLookup, method_needs, parse_method
 from eaglespec.decoding.model import load
 from eaglespec.decoding.sampling import SamplingParams
 from eaglespec.errors import InvalidArgumentError
@@ -113,7 +114,7 @@ def check_methods(methods: tuple[str, ...], draft_model: str | None, batch_size:
         raise InvalidArgumentError(f"{', '.join(outside)} decode one prompt at a time here; drop them or use "
                                    "--batch-size 1")
     if not methods:
-        raise InvalidArgumentError(f"no methods given: expected a comma-separated list of {METHOD_HELP} | "
+        raise InvalidArgumentError(f"no methods given: expected a comma-separated list of {method_help()} | "
                                    f"{' | '.join(EXTERNAL)}")
     if len(set(methods)) != len(methods):
         raise InvalidArgumentError(f"a method is listed twice in {','.join(methods)}")
@@ -122,7 +123,7 @@ def check_methods(methods: tuple[str, ...], draft_model: str | None, batch_size:
             needs_draft = spec in ("hf-assisted", "llama.cpp-draft")
         else:
             try:
-                needs_draft = method_needs(spec) == "draft"
+                needs_draft = method_needs(spec) is Artefact.DRAFT_MODEL
             except InvalidArgumentError as err:
                 raise InvalidArgumentError(f"{err} | {' | '.join(EXTERNAL)}") from None
         if needs_draft and not draft_model:
@@ -141,9 +142,9 @@ class Bench:
         check_methods(methods, config.draft_model, config.batch_size)
         self.items = load_items(config.dataset, config.limit)
         needs = {method_needs(m) if m not in EXTERNAL else m for m in methods}
-        model = load(config.model, config.head if "head" in needs else None, config.dtype, config.device,
-                     config.draft_model if needs & {"draft", "hf-assisted"} else None, config.weights,
-                     config.medusa_head if "medusa" in needs else None)
+        model = load(config.model, config.head if Artefact.EAGLE_HEAD in needs else None, config.dtype, config.device,
+                     config.draft_model if needs & {Artefact.DRAFT_MODEL, "hf-assisted"} else None, config.weights,
+                     config.medusa_head if Artefact.MEDUSA_HEAD in needs else None)
         self.target, self.draft = model.target, model.draft
         chat_ids(self.target, [{"role": "user", "content": "x"}])  # refuses a model without a chat template
         if self.draft:
@@ -166,7 +167,7 @@ class Bench:
     def _our_methods(self) -> dict:
         """One object per listed method of ours, even where two specs name the same one (eagle, eagle:auto)."""
         m = self.model
-        return {spec: parse_method(spec, m.head, m.draft, m.medusa) for spec in self.config.methods
+        return {spec: parse_method(spec, **m.artefacts) for spec in self.config.methods
                 if spec not in EXTERNAL}
 
     def close(self) -> None:

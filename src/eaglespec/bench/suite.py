@@ -37,7 +37,7 @@ from pathlib import Path
 
 from eaglespec.bench.report import bench_report
 from eaglespec.bench.run import EXTERNAL, BenchConfig
-from eaglespec.decoding.methods import method_needs
+from eaglespec.decoding.drafters import Artefact, method_needs
 from eaglespec.errors import EaglespecError, InvalidArgumentError
 from eaglespec.heads.checkpoint import shipped_head
 
@@ -71,9 +71,11 @@ def _option(key: str, value) -> list[str]:
 
 def _available(method: str, options: dict) -> bool:
     """Whether what a method needs is there: its head, when the run asks for the shipped one."""
-    need = "" if method in EXTERNAL else method_needs(method)
-    if need in ("head", "medusa") and options.get("head" if need == "head" else "medusa_head", "default") == "default":
-        return shipped_head(options["model"], "medusa" if need == "medusa" else "eagle") is not None
+    need = None if method in EXTERNAL else method_needs(method)
+    medusa = need is Artefact.MEDUSA_HEAD
+    if need in (Artefact.EAGLE_HEAD, Artefact.MEDUSA_HEAD) and options.get("medusa_head" if medusa else "head",
+                                                                           "default") == "default":
+        return shipped_head(options["model"], "medusa" if medusa else "eagle") is not None
     return True
 
 

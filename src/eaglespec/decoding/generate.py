@@ -14,7 +14,7 @@ from eaglespec.decoding.loop import (
     check_prompt,
     decode,
 )
-from eaglespec.decoding.methods import Method
+from eaglespec.decoding.drafters import Method
 from eaglespec.decoding.sampling import SamplingParams
 from eaglespec.errors import InvalidArgumentError
 from eaglespec.models.load import Target
@@ -157,7 +157,7 @@ class Generation:
 
     Arguments follow transformers' `generate` names. Temperature 0 is greedy decoding; with
     `do_sample` set, False is greedy and True samples (at temperature 1 if none is given).
-    `method` drafts each round (`decoding.methods`: Eagle, DraftModel, PromptLookup); None is
+    `method` drafts each round (a registered `decoding.drafters` method); None is
     vanilla decoding. Checks its arguments on construction, so bad input fails before any work.
     """
 

@@ -14,7 +14,7 @@ A row gets the numbers it gets alone: the head's linears, its LM head and its at
 row-invariant (decoder.Linear, row_attention.cpp; row_cache.py says the same of the target's),
 and every call runs under an explicit mask, so none takes a path that a batch would not.
 
-A row drops its draft entries by setting its `length` back; the slots after the last one in use
+A row drops its draft entries by truncating them to its committed ones (`truncate`); the slots after the last one in use
 are free again at the next run, and the entries of a row that left (`remove`) move down then.
 """
 
@@ -43,8 +43,7 @@ class HeadEntries:
     def length(self) -> int:
         return len(self.slots)
 
-    @length.setter
-    def length(self, n: int) -> None:
+    def truncate(self, n: int) -> None:
         """Keep the first n entries (the committed ones, after a draft)."""
         del self.slots[n:]
 

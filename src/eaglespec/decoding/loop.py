@@ -19,17 +19,16 @@ import itertools
 from collections import deque
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
-from typing import Protocol
 
 import torch
-from torch import Tensor
 
 from eaglespec.decoding.head_rows import Drafting, HeadCall, HeadResult, HeadRows
+from eaglespec.decoding.proposer import Proposer
 from eaglespec.decoding.sampling import Draws, SamplingParams
-from eaglespec.decoding.tree import DraftTree, TreeShape
+from eaglespec.decoding.sizing import Budget
+from eaglespec.decoding.tree import DraftTree
 from eaglespec.decoding.verify import verify
 from eaglespec.errors import InvalidArgumentError, PromptTooLongError
-from eaglespec.models.costs import Beside
 from eaglespec.models.decoder import Decoder
 from eaglespec.models.row_cache import RowCache
 from eaglespec.timing import Clock
@@ -88,32 +87,6 @@ def check_prompt(model: Decoder, prompt_ids: list[int]) -> None:
         )
 
 
-class Proposer(Protocol):
-    """Drafts a tree under each round's root. Gets the prompt and its features once (None for a
-    one-token prompt), then after each round the accepted tokens and the target's features at
-    the positions before them: its final features, or with `reads` the hidden states entering
-    those target layers, concatenated (an EAGLE-3 head). A proposer whose trees carry extra rows
-    (`DraftTree.extra`) also has `observe(logits)`, which gets their logits [E, V] after the
-    forward, before `accept`."""
-
-    shape: TreeShape
-    reads: tuple[int, ...]
-
-    def start(self, prompt_ids: list[int], features: Tensor | None) -> None: ...
-
-    def propose(self, max_depth: int) -> DraftTree | Drafting:
-        """The round's tree; a drafter that runs a draft head (with `entries`, its entries in the
-        head's cache) returns a generator that yields its head forwards and returns the tree, so
-        that the rows' forwards run together (head_rows.py)."""
-        ...
-
-    def accept(self, tokens: list[int], features: Tensor) -> None: ...
-
-    def describe(self) -> str:
-        """The draft's shape, for reports (`GenerationOutput.tree`)."""
-        ...
-
-
 @dataclass
 class Request:
     """One sequence to decode: the prompt, how to sample, when to stop, and the drafter to make
@@ -146,16 +119,17 @@ class Row:
         self.tokens: list[int] = []
         self.origins: list[str] = []
         self.done = False
-        self.load = Beside(tokens=1)  # this row's part of a round (its latest): tokens and draft seconds
+        # this row's part of a round (its latest): tokens in the forward and draft seconds
+        self.round_tokens, self.draft_seconds = 1, 0.0
 
-    def beside(self, rows: list[Row], together: dict | tuple = ()) -> Beside:
+    def budget(self, rows: list[Row], together: set[Row] | tuple = ()) -> Budget:
         """The other rows' part of this round (for those yet to draft, of their latest; tokens
         accepted per round so far, one before their first). The draft seconds of the rows drafting
         `together` with this one are on its own clock already."""
         others = [row for row in rows if row is not self]
-        return Beside(sum(o.load.tokens for o in others),
+        return Budget(sum(o.round_tokens for o in others),
                       sum(max(o.stats.new_tokens, 1) / max(o.stats.target_forwards, 1) for o in others),
-                      sum(o.load.seconds for o in others if o not in together))
+                      sum(o.draft_seconds for o in others if o not in together))
 
     @property
     def reads(self) -> tuple[int, ...]:
@@ -233,7 +207,7 @@ class Scheduler:
         for row, tree in zip(rows, drafted):
             length = self.cache.lengths[row.id]
             ids, mask, offsets = tree.verify_inputs(row.root, 0, tokens_device(self.model))
-            row.load.tokens = ids.shape[1]
+            row.round_tokens = ids.shape[1]
             trees.append(tree)
             blocks.append((row.id, mask))
             tokens.append(ids)
@@ -279,37 +253,29 @@ class Scheduler:
         return [(row, accepted) for row, accepted, _ in results]
 
     def _draft(self, rows: list[Row]) -> list[DraftTree]:
-        """Each row's tree (empty without a drafter). Drafters that draft alone do so in turn; then
-        those that run a draft head draft together, each step's head forwards in one forward per
+        """Each row's tree (empty without a drafter). Drafters that run no draft head draft alone, in
+        turn; then those that run one draft together, each step's head forwards in one forward per
         head (`HeadRows.run`), the time they take together on each one's clock and split evenly
-        among them in their stats."""
+        among them in their stats. Each drafter gets the budget of the rows beside it."""
         context = self.model.config.max_position_embeddings
-        costs = self.model.measured_costs  # what sizes drafts, where something measured it
         trees: dict[Row, DraftTree] = {row: DraftTree() for row in rows}
         depths: dict[Row, int] = {}
-        together: dict[Row, Drafting] = {}
-        for row in rows:
-            if not row.drafter:
-                continue
-            length, stats = self.cache.lengths[row.id], row.stats
+        drafters = [row for row in rows if row.drafter]
+        together = {row for row in drafters if row.drafter.entries is not None}
+        for row in drafters:
             # deeper nodes could not be accepted (max_new_tokens) or have no position (context)
-            depths[row] = min(row.request.max_new_tokens - stats.new_tokens, context - length) - 1
-            if costs is not None:
-                costs.beside = row.beside(rows)
-            result = row.drafter.propose(depths[row])
-            if isinstance(result, DraftTree):
-                trees[row] = result
-                row.load.seconds = self.clock.lap()
-                stats.draft_s += row.load.seconds
-            else:
-                together[row] = result
-        results: dict[Row, HeadResult | None] = dict.fromkeys(together)
-        drafting = dict(together)
+            depths[row] = min(row.request.max_new_tokens - row.stats.new_tokens, context - self.cache.lengths[row.id]) - 1
+        for row in drafters:
+            if row not in together:
+                trees[row] = _alone(row.drafter.propose(depths[row], row.budget(rows)))
+                row.draft_seconds = self.clock.lap()
+                row.stats.draft_s += row.draft_seconds
+        drafting: dict[Row, Drafting] = {row: row.drafter.propose(depths[row], row.budget(rows, together))
+                                         for row in drafters if row in together}
+        results: dict[Row, HeadResult | None] = dict.fromkeys(drafting)
         while drafting:
             calls: dict[HeadRows, list[tuple[Row, HeadCall]]] = {}
             for row, draft in list(drafting.items()):
-                if costs is not None:
-                    costs.beside = row.beside(rows, together)
                 try:
                     call = draft.send(results[row])
                 except StopIteration as done:
@@ -322,10 +288,8 @@ class Scheduler:
         if together:
             share = self.clock.lap() / len(together)
             for row in together:
-                row.load.seconds = share
+                row.draft_seconds = share
                 row.stats.draft_s += share
-        if costs is not None:
-            costs.beside = Beside()
         return [trees[row].prune(row.slots - self.cache.lengths[row.id] - 1, depths[row]) if row in depths
                 else trees[row] for row in rows]
 
@@ -340,7 +304,7 @@ class Scheduler:
             _logits, features = self.model(ids, prefilled, last_logits_only=True, capture=row.reads)
         self.cache.add(row.id, prefilled)
         if row.drafter:
-            if (entries := getattr(row.drafter, "entries", None)) is not None:
+            if (entries := row.drafter.entries) is not None:
                 if entries.head not in self.heads:
                     self.heads[entries.head] = HeadRows(entries.head)
                 self.heads[entries.head].add(entries)
@@ -353,9 +317,18 @@ class Scheduler:
         self.active.remove(row)
         self.reserved -= row.slots
         self.cache.drop(row.id)
-        if (entries := getattr(row.drafter, "entries", None)) is not None:
+        if row.drafter and (entries := row.drafter.entries) is not None:
             entries.rows.remove(entries)
         row.done = True
+
+
+def _alone(draft: Drafting) -> DraftTree:
+    """The tree of a draft that runs no draft head (it yields no head forward)."""
+    try:
+        call = next(draft)
+    except StopIteration as done:
+        return done.value
+    raise TypeError(f"a proposer without head entries asked for a head forward ({call!r})")
 
 
 def tokens_device(model: Decoder) -> torch.device:

@@ -7,7 +7,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from eaglespec.decoding.generate import Generation, GenerationOutput, generate
-from eaglespec.decoding.methods import METHODS, NEEDS, Method, method_needs, method_spec, parse_method
+from eaglespec.decoding.drafters import DRAFTERS, Artefact, Method, method_needs, method_spec, parse_method
 from eaglespec.errors import InvalidArgumentError
 from eaglespec.heads.checkpoint import load_head, shipped_head, shipped_heads
 from eaglespec.heads.head import DraftHead
@@ -29,22 +29,27 @@ class Model:
         """A `Generation` to iterate for text pieces; `.output` holds the result at the end.
 
         method: "eagle" (the default with a head; drafting `tree`), "vanilla", "pld[:K]",
-        "sps[:K]" (with a draft model) or a `decoding.methods` object. Other keyword arguments are
+        "sps[:K]" (with a draft model), any registered method's spec (`decoding.drafters`) or a `Method`. Other keyword arguments are
         `Generation`'s: chat, max_new_tokens, do_sample, temperature, top_p, top_k, seed,
         stop_strings, ignore_eos."""
-        return Generation(self.target, prompt, method=self.drafting(method, tree), **kwargs)
+        return Generation(self.target, prompt, method=self.method(method, tree), **kwargs)
 
     def generate(self, prompt: str | list[int], *, method: str | Method | None = None, tree: str = "auto",
                  **kwargs) -> GenerationOutput:
         """Generate to the end (keyword arguments as for `stream`)."""
-        return generate(self.target, prompt, method=self.drafting(method, tree), **kwargs)
+        return generate(self.target, prompt, method=self.method(method, tree), **kwargs)
+
+    @property
+    def artefacts(self) -> dict[str, object]:
+        """What is loaded beside the target, by the names of the `Artefact` kinds (None: not loaded)."""
+        return {kind.value: getattr(self, kind.value) for kind in Artefact}
 
     def available_methods(self) -> list[str]:
         """The method names this model can decode with, given what is loaded."""
-        loaded = {"head": self.head, "medusa": self.medusa, "draft": self.draft, "": True}
-        return ["vanilla", *(name for name in METHODS if loaded[method_needs(name)] is not None)]
+        loaded = self.artefacts
+        return ["vanilla", *(name for name in DRAFTERS if (needs := method_needs(name)) is None or loaded[needs.value] is not None)]
 
-    def drafting(self, method: str | Method | None = None, tree: str = "auto") -> Method | None:
+    def method(self, method: str | Method | None = None, tree: str = "auto") -> Method | None:
         """The method object for a name (as `stream` takes it; None: vanilla decoding), made once."""
         method = method or ("eagle" if self.head is not None else "vanilla")
         if not isinstance(method, str):
@@ -52,11 +57,11 @@ class Model:
         spec = method_spec(method, tree)
         if spec not in self.methods:
             needs = method_needs(spec)
-            if needs in ("head", "medusa") and {"head": self.head, "medusa": self.medusa}[needs] is None:
-                raise InvalidArgumentError(
-                    f"method '{method}' needs {NEEDS[needs]}; none is loaded for {self.target.name} (heads are "
-                    f"shipped for {shipped_heads('medusa' if needs == 'medusa' else 'eagle')})")
-            self.methods[spec] = parse_method(spec, self.head, self.draft, self.medusa)
+            if needs in (Artefact.EAGLE_HEAD, Artefact.MEDUSA_HEAD) and self.artefacts[needs.value] is None:
+                kind = "medusa" if needs is Artefact.MEDUSA_HEAD else "eagle"
+                raise InvalidArgumentError(f"method '{method}' needs {needs.help}; none is loaded for "
+                                           f"{self.target.name} (heads are shipped for {shipped_heads(kind)})")
+            self.methods[spec] = parse_method(spec, **self.artefacts)
         return self.methods[spec]
 
 

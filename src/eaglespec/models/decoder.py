@@ -16,7 +16,7 @@ from torch import Tensor, nn
 
 from eaglespec.models import kernels
 from eaglespec.models.config import ModelConfig
-from eaglespec.models.costs import VerifyCosts
+from eaglespec.models.costs import ForwardCosts
 from eaglespec.models.kernels import plain_cpu, row_attention, row_linear
 from eaglespec.models.quantize import QuantizedLinear
 from eaglespec.timing import Clock
@@ -383,7 +383,7 @@ class Decoder(Stack):
         self.norm = RMSNorm(c.hidden_size, c.rms_norm_eps)
         self.lm_head = Linear(c.hidden_size, c.vocab_size, bias=False)
         self.tie_weights()
-        self._verify_costs: VerifyCosts | None = None
+        self._forward_costs: ForwardCosts | None = None
 
     def tie_weights(self) -> None:
         """Share the embedding with the LM head where the config says so (again after loading)."""
@@ -403,17 +403,12 @@ class Decoder(Stack):
         logits = self.lm_head(features[:, -1:] if last_logits_only else features)
         return logits, torch.cat(captured, dim=-1) if capture else features
 
-    @property
-    def measured_costs(self) -> VerifyCosts | None:
-        """`verify_costs()` where something measured them, else None."""
-        return self._verify_costs
-
     @torch.inference_mode()
-    def verify_costs(self) -> VerifyCosts:
+    def forward_costs(self) -> ForwardCosts:
         """Seconds of one forward of n new tokens over 256 cached ones, for n = 0..65 (index n),
-        measured once (best of 3 at a few sizes, linear between them). Sizes `auto` draft trees;
-        one object, shared by every row's proposers (the `Scheduler` sets the batch beside a row)."""
-        if self._verify_costs is None:
+        measured once (best of 3 at a few sizes, linear between them). Sizes `auto` draft trees
+        (`decoding.sizing`)."""
+        if self._forward_costs is None:
             device = self.embed.weight.device
             sizes = (1, 2, 4, 8, 16, 24, 32, 48, 65)
             context = max(min(256, self.config.max_position_embeddings - sizes[-1]), 1)
@@ -435,6 +430,6 @@ class Decoder(Stack):
                 lo, hi = (i - 1, i) if i else (0, 0)
                 w = 0.0 if lo == hi else (n - sizes[lo]) / (sizes[hi] - sizes[lo])
                 costs.append(measured[lo] * (1 - w) + measured[hi] * w)
-            self._verify_costs = VerifyCosts(costs)
-        return self._verify_costs
+            self._forward_costs = ForwardCosts(costs)
+        return self._forward_costs
 

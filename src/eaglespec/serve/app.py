@@ -37,7 +37,7 @@ def create_app(model: Model, settings: Settings = Settings(), engine_thread: boo
     target = model.target
     context = target.model.config.max_position_embeddings
     for name in dict.fromkeys((settings.method, "vanilla")):  # a bad --method fails here, before serving
-        method = model.drafting(name)
+        method = model.method(name)
         if method is not None:
             method.bind(target, SamplingParams())  # measures what `auto` sizes trees by, once, now
     cache_tokens = settings.cache_tokens or settings.max_batch * min(context, 4096)

@@ -29,7 +29,6 @@ from eaglespec.errors import EaglespecError
 from eaglespec.serve.engine import Engine, Job, QueueFull
 from eaglespec.serve.openai_schema import SEED_LIMIT, ApiError, ChatRequest, CompletionRequest, Sampling, parse
 
-SOURCE_NAMES = {"pld": "lookup"}  # what a method's drafted tokens are called on the page
 FINISH = {"eos": "stop", "stop": "stop", "length": "length", "context": "length"}  # ours -> OpenAI's
 
 
@@ -117,14 +116,14 @@ def openai_routes(model: Model, settings: Settings, engine: Engine) -> APIRouter
                            "max_tokens")
         name = body.method or settings.method
         try:
-            method = model.drafting(name)
+            method = model.method(name)
             params = SamplingParams(1.0 if body.temperature is None else body.temperature,
                                     1.0 if body.top_p is None else body.top_p, body.top_k or 0,
                                     None if body.seed is None else body.seed % SEED_LIMIT)
             proposer = method.bind(target, params) if method is not None else None
         except EaglespecError as error:
             raise ApiError(400, str(error), "method" if body.method else None) from None
-        source = SOURCE_NAMES.get(method.name, method.name) if method is not None else "target"
+        source = (method.source or method.name) if method is not None else "target"
         job = Job(DecodeRequest(ids, params, max_tokens, target.eos_token_ids, proposer), body.stops(), source,
                   asyncio.get_running_loop(), time.monotonic() + settings.timeout_s)
         try:

@@ -1,4 +1,4 @@
-"""The EAGLE proposer: the head drafts a tree, one head forward per depth level.
+"""`eagle[:TREE]`: the EAGLE head drafts a tree, one head forward per depth level.
 
 The head's cache holds one entry per committed position j: (target feature f[j], token t[j+1]),
 at position j. Each round first appends the entries that the last verification made known
@@ -18,25 +18,30 @@ are drawn without replacement from the warped draft distribution when sampling a
 
 from __future__ import annotations
 
-import math
 from collections.abc import Generator
+from dataclasses import dataclass, field
+from typing import ClassVar
+from weakref import WeakKeyDictionary
 
 import torch
 from torch import Tensor
 
+from eaglespec.decoding.drafters.registry import Artefact, Method, check_head_kind, register
 from eaglespec.decoding.head_rows import Drafting, HeadCall, HeadEntries, HeadResult
+from eaglespec.decoding.proposer import Proposer
 from eaglespec.decoding.sampling import Draws, SamplingParams, warp
-from eaglespec.decoding.tree import DraftTree, TreeShape
+from eaglespec.decoding.sizing import ALONE, AutoSize, Budget
+from eaglespec.decoding.tree import TREE_HELP, DraftTree, TreeShape, parse_tree
 from eaglespec.errors import InvalidArgumentError
 from eaglespec.heads.head import DraftHead
-from eaglespec.models.costs import VerifyCosts
+from eaglespec.models.costs import ForwardCosts
 from eaglespec.timing import Clock
 
 
-class EagleProposer:
+class EagleProposer(Proposer):
     def __init__(self, head: DraftHead, shape: TreeShape, params: SamplingParams, draws: Draws,
-                 verify_costs: VerifyCosts | None = None, earlier: AutoSize | None = None):
-        """`verify_costs` (the target's `Decoder.verify_costs()`) sizes the `auto` tree, starting from
+                 costs: ForwardCosts | None = None, earlier: AutoSize | None = None):
+        """`costs` (the target's `Decoder.forward_costs()`) size the `auto` tree, starting from
         what an `earlier` generation's sizing learned."""
         if head.input_variant != "feature+shifted-token":
             raise InvalidArgumentError(
@@ -53,7 +58,7 @@ class EagleProposer:
         self.prompt_waiting = 0  # of the pending entries, the prompt's (the head has not run it yet)
         if shape.paths is not None:
             self.static = _static_plan(shape.paths)
-        self.auto = AutoSize(verify_costs, earlier) if shape.auto else None
+        self.auto = AutoSize(costs, earlier) if shape.auto else None
         self.clock = Clock(self.device)
 
     @property
@@ -78,34 +83,35 @@ class EagleProposer:
             self.waited += len(tokens)
         self.pending.append((features, torch.tensor([tokens], device=self.device)))
 
-    def propose(self, max_depth: int) -> Drafting:
+    def propose(self, max_depth: int, budget: Budget = ALONE) -> Drafting:
         """Draft a tree no deeper than `max_depth` (what the loop can still accept)."""
         if self.shape.paths is not None:
             root = yield from self._catch_up()
             if root is None or max_depth < 1:
                 return DraftTree()
             tree = yield from self._static(*root, max_depth)
-            self.entries.length = self.committed  # drop the draft entries
+            self.entries.truncate(self.committed)  # drop the draft entries
             return tree
-        pool, scores = yield from self.candidates(max_depth)
+        pool, scores = yield from self.candidates(max_depth, budget)
         if not len(pool):  # a plain round
             return pool
         order = sorted(range(len(pool)), key=lambda i: (-scores[i], i))
         size = self.auto.size(scores, order, self.shape.tokens, self.clock.now()) if self.auto else self.shape.tokens
         return pool.subset(sorted(order[:size]))
 
-    def candidates(self, max_depth: int) -> Generator[HeadCall, HeadResult, tuple[DraftTree, list[float]]]:
+    def candidates(self, max_depth: int, budget: Budget = ALONE
+                   ) -> Generator[HeadCall, HeadResult, tuple[DraftTree, list[float]]]:
         """The dynamic tree's candidate pool (parents first) and each node's cumulative draft
         log-probability, no deeper than `max_depth`; none where `auto` decodes this round plainly."""
         if self.auto:
-            self.auto.start_round(self.clock.now())
+            self.auto.start_round(self.clock.now(), budget)
             if not self.auto.drafting:  # plain decoding pays better here: the entries wait
                 return DraftTree(), []
         root = yield from self._catch_up()
         if root is None or max_depth < 1:
             return DraftTree(), []
         pool, scores = yield from self._dynamic(*root, min(self.shape.depth, max_depth))
-        self.entries.length = self.committed  # drop the draft entries
+        self.entries.truncate(self.committed)  # drop the draft entries
         return pool, scores
 
     def _catch_up(self) -> Generator[HeadCall, HeadResult, tuple[Tensor, Tensor] | None]:
@@ -227,171 +233,6 @@ class EagleProposer:
         return self.auto.describe(self.shape) if self.auto else self.shape.describe()
 
 
-class AutoSize:
-    """Sizes the `auto` tree each round for the machine at hand. A draft path's probability
-    (exp of its cumulative log-probability), scaled by the measured ratio of accepted to predicted
-    tokens (sums that decay by CALIBRATION_MEMORY per drafting round), estimates how often the
-    target accepts it. The round verifies the n best nodes that
-    maximize (1 + expected accepted) / (draft time + measured verify cost of n + 1 tokens), and
-    drafting expands only the nodes that the best tree so far takes (`frontier`) and stops deepening
-    once the next level's expected tokens are worth less than its time. Where even the best tree
-    pays less than plain decoding (the measured tokens/s of drafting rounds below that of rounds
-    without a draft: tokens over seconds, each summed with weight MEMORY^age over the rounds of its
-    kind; as on CPUs whose forwards cost in proportion to their tokens), rounds decode plainly, and
-    after PROBE - 1 of them drafting starts again to measure anew. Every run of drafting rounds (the
-    generation's first included) is a probe of at least PROBE_ROUNDS rounds, since the tokens one
-    round accepts vary too much to judge by (one unlucky first round used to stop drafting for the
-    rest of a short answer); each probe that ends with drafting still slower doubles the wait, up
-    to MAX_PROBE rounds. The head's pass over the entries that waited through rounds
-    without a draft counts as those rounds' time, and its pass over the prompt as no round's
-    (`catch_up`). A generation starts from what the `earlier` one learned (the calibration, both
-    rates, the plain rounds towards the next probe and the probe's wait), so that a process that
-    found drafting slower does not pay to find it again, the head's pass over each prompt included.
-    """
-
-    PROBE, MAX_PROBE = 8, 32
-    PROBE_ROUNDS = 3
-    MEMORY = 0.9
-    CALIBRATION_MEMORY = 0.98  # per drafting round, of the sums behind the calibration
-
-    def __init__(self, verify_costs: VerifyCosts, earlier: AutoSize | None = None):
-        self.costs = verify_costs
-        self.accepted, self.predicted = 1.0, 1.0  # decaying sums behind the calibration
-        # (tokens, seconds) of drafting rounds and of rounds without a draft, each sum decaying by MEMORY
-        # per round of its kind, both starting as one round of vanilla decoding
-        self.drafted = [1.0, max(verify_costs.table[1], 1e-6)]
-        self.plain = list(self.drafted)
-        self.drafting = True  # whether this round drafts
-        self.plain_rounds = 0  # rounds without a draft since the last drafting one
-        self.streak = 0  # drafting rounds since the last one without a draft
-        self.probe = self.PROBE  # a drafting round after this many rounds (plain ones before it)
-        if earlier is not None:
-            self.accepted, self.predicted = earlier.accepted, earlier.predicted
-            self.drafted, self.plain = list(earlier.drafted), list(earlier.plain)
-            # the earlier generation's last round was not measured; a plain one still counts towards the
-            # probe, a drafting one towards the probe's rounds
-            self.plain_rounds, self.probe = earlier.plain_rounds + (not earlier.drafting), earlier.probe
-            self.streak = earlier.streak + 1 if earlier.drafting else 0
-        self.plain_total = 0
-        self.level_time = 0.0  # the last draft level's seconds
-        self.round_start = 0.0
-        self.round_tokens = 0  # tokens the last round accepted
-        self.prediction = 0.0  # draft tokens the last round was expected to accept
-        self.sizes: list[int] = []
-
-    def start_round(self, now: float) -> None:
-        if self.round_tokens:  # the last round of this generation, measured
-            sums = self.drafted if self.drafting else self.plain
-            sums[:] = [self.MEMORY * sums[0] + self.round_tokens, self.MEMORY * sums[1] + now - self.round_start]
-            self.plain_rounds = 0 if self.drafting else self.plain_rounds + 1
-            self.streak = self.streak + 1 if self.drafting else 0
-            if self.rate >= self.plain_rate:
-                self.probe = self.PROBE
-            elif self.streak == self.PROBE_ROUNDS:  # a probe found drafting still slower
-                self.probe = min(2 * self.probe, self.MAX_PROBE)
-        self.drafting = (self.rate >= self.plain_rate or self.plain_rounds >= self.probe - 1
-                         or 0 < self.streak < self.PROBE_ROUNDS)
-        self.plain_total += not self.drafting
-        self.round_start, self.round_tokens = now, 0
-
-    def catch_up(self, waited: float, prompt: float) -> None:
-        """This drafting round spent `waited` seconds running the head over the entries that waited
-        through rounds without a draft, counted as theirs so that skipping drafts is not paid by
-        drafting, and `prompt` seconds over the prompt's, a cost of the generation, not of a round."""
-        self.round_start += waited + prompt
-        self.plain[1] += waited
-
-    def finish_round(self, tokens: int, drafted: int) -> None:
-        """The round accepted `tokens` tokens, `drafted` of them draft tokens of this head's."""
-        self.round_tokens = tokens
-        if self.drafting:
-            m = self.CALIBRATION_MEMORY
-            self.accepted = m * self.accepted + drafted
-            self.predicted = m * self.predicted + self.prediction
-
-    @property
-    def rate(self) -> float:
-        """Tokens/s of drafting rounds."""
-        return self.drafted[0] / self.drafted[1]
-
-    @property
-    def plain_rate(self) -> float:
-        """Tokens/s of rounds without a draft."""
-        return self.plain[0] / self.plain[1]
-
-    @property
-    def calibration(self) -> float:
-        return self.accepted / self.predicted
-
-    def worth_expanding(self, frontier_scores: list[float]) -> bool:
-        gain = self.calibration * sum(map(math.exp, frontier_scores))  # at most this many more tokens
-        return gain > self.level_time * self.rate
-
-    def size(self, scores: list[float], order: list[int], limit: int, now: float) -> int:
-        """How many of the candidates (best first, `order`) to verify."""
-        n, prediction = self._best(scores, order, limit, now)
-        self.chose(n, prediction)
-        return n
-
-    def chose(self, n: int, prediction: float) -> None:
-        """The round verifies `n` of the head's candidates, whose draft probabilities sum to `prediction`."""
-        self.sizes.append(n)
-        self.prediction = prediction
-
-    def frontier(self, scores: list[float], parents: list[int], candidates: list[int], limit: int,
-                 now: float) -> list[int]:
-        """Of a level's best candidates, those worth expanding: the best tree over the candidates so
-        far takes them (only their children can join it), and adding a child, guessed as likely
-        after its parent as the parent after its own (their cumulative log-probabilities), would
-        pay for another level and a verified token more. Where each verified token costs much (AVX2)
-        drafting narrows to a short chain; where a few more cost little (AMX), it stays wide."""
-        order = sorted(range(len(scores)), key=lambda i: (-scores[i], i))
-        n, expected = self._best(scores, order, limit, now)
-        if n >= limit:
-            return []
-        spent = now - self.round_start
-        value = self.costs.rate(1 + self.calibration * expected, n + 1, spent)
-        chosen = set(order[:n])
-        kept = []
-        for c in candidates:
-            if c not in chosen:
-                continue
-            guess = math.exp(2 * scores[c] - (scores[parents[c]] if parents[c] >= 0 else 0.0))
-            grown = self.costs.rate(1 + self.calibration * (expected + guess), n + 2, spent + self.level_time)
-            if grown > value:
-                kept.append(c)
-        return kept
-
-    def _best(self, scores: list[float], order: list[int], limit: int, now: float) -> tuple[int, float]:
-        """The number of candidates (best first) whose verification maximizes the round's expected
-        tokens per second, and the sum of their draft probabilities."""
-        calibration = self.calibration
-        n, expected = best_prefix([calibration * math.exp(scores[i]) for i in order[:limit]], self.costs,
-                                  now - self.round_start)
-        return n, expected / calibration
-
-    def describe(self, shape: TreeShape) -> str:
-        if not self.sizes:
-            return shape.describe()
-        mean = sum(self.sizes) / len(self.sizes)
-        return (f"auto:topk={shape.topk},depth<={shape.depth},tokens<={shape.tokens} (mean {mean:.1f} tokens per "
-                f"drafting round, {len(self.sizes)} of {len(self.sizes) + self.plain_total} rounds drafting)")
-
-
-def best_prefix(expected: list[float], costs: VerifyCosts, spent: float, plain: bool = False) -> tuple[int, float]:
-    """The n first draft nodes (best first, each with its expected acceptance, a tree at every
-    prefix) whose verification maximizes the round's expected tokens per second (`costs.rate` of
-    1 + their sum, n + 1 tokens and `spent` seconds drafting), and that sum; at least one node
-    unless `plain` (n = 0) may win."""
-    best, best_value, best_sum, total = 0, costs.rate(1, 1, spent) if plain else -1.0, 0.0, 0.0
-    for n, e in enumerate(expected, 1):
-        total += e
-        value = costs.rate(1 + total, n + 1, spent)
-        if value > best_value:
-            best, best_value, best_sum = n, value, total
-    return best, best_sum
-
-
 def _static_plan(paths) -> list[list[tuple[int, list[int]]]]:
     """Per depth level: (parent path index or -1, its children's path indices by rank)."""
     index = {path: i for i, path in enumerate(paths)}
@@ -410,3 +251,41 @@ def _static_plan(paths) -> list[list[tuple[int, list[int]]]]:
                 raise InvalidArgumentError("static tree: each node's children must have ranks 0, 1, 2, ...")
         plan.append([(parent, [i for _, i in kids]) for parent, kids in level.items()])
     return plan
+
+
+@register
+@dataclass(frozen=True)
+class Eagle(Method):
+    head: DraftHead
+    tree: str = "auto"
+    name: ClassVar[str] = "eagle"
+    syntax: ClassVar[str] = "eagle[:TREE]"
+    summary: ClassVar[str] = f"the EAGLE head drafts a tree (TREE: {TREE_HELP}; default auto, sized on this machine)"
+    needs: ClassVar[Artefact] = Artefact.EAGLE_HEAD
+    # per target model, then per sampling setting: the `auto` sizing of the last generation started,
+    # where the next one starts
+    learned: WeakKeyDictionary = field(default_factory=WeakKeyDictionary, init=False, compare=False, repr=False)
+
+    def __post_init__(self):
+        parse_tree(self.tree)
+        check_head_kind("eagle", self.head, "eagle")
+
+    @staticmethod
+    def options(arg: str) -> dict:
+        parse_tree(arg or "auto")
+        return {"tree": arg} if arg else {}
+
+    def bind(self, target, params: SamplingParams):
+        shape = parse_tree(self.tree)
+        if not shape.auto:
+            return lambda draws, capacity: EagleProposer(self.head, shape, params, draws)
+        costs = target.model.forward_costs()  # measured once per model
+        learned = self.learned.setdefault(target.model, {})
+        key = (params.temperature, params.top_p, params.top_k)
+
+        def make(draws, capacity):
+            proposer = EagleProposer(self.head, shape, params, draws, costs, learned.get(key))
+            learned[key] = proposer.auto
+            return proposer
+
+        return make

@@ -1,4 +1,4 @@
-"""The `hybrid` proposer: one draft tree from several sources, verified in one target forward.
+"""`hybrid[:SOURCES]`: one draft tree from several sources, verified in one target forward.
 
 Sources, each proposing paths under the round's root with an estimate of how likely the target
 accepts them:
@@ -22,38 +22,26 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
+from typing import ClassVar
+from weakref import WeakKeyDictionary
 
 from torch import Tensor
 
-from eaglespec.decoding.eagle import EagleProposer, best_prefix
+from eaglespec.decoding.drafters.eagle import EagleProposer
+from eaglespec.decoding.drafters.registry import Artefact, Method, check_head_kind, register
 from eaglespec.decoding.head_rows import Drafting
 from eaglespec.decoding.ngram_index import NgramIndex
+from eaglespec.decoding.proposer import Proposer
+from eaglespec.decoding.sampling import SamplingParams
+from eaglespec.decoding.sizing import ALONE, Budget, Calibration, RoundCosts, best_prefix
 from eaglespec.decoding.tree import DraftTree, parse_tree
-from eaglespec.models.costs import VerifyCosts
+from eaglespec.errors import InvalidArgumentError
+from eaglespec.models.costs import ForwardCosts
 from eaglespec.timing import Clock
 
 SOURCES = ("eagle", "lookup", "suffix")
 COPY_DEPTH = 16  # tokens of a copied continuation
 COPY_PATHS = 32  # paths of one source's continuation trie
-
-
-class Calibration:
-    """Accepted over predicted draft tokens per key (a copying source and its match length), sums
-    decaying by MEMORY each round the key drafts, from a prior of one half-accepted token."""
-
-    MEMORY = 0.98
-    PRIOR = (0.5, 1.0)
-
-    def __init__(self):
-        self.sums: dict[tuple, tuple[float, float]] = {}
-
-    def factor(self, key: tuple) -> float:
-        accepted, predicted = self.sums.get(key, self.PRIOR)
-        return accepted / predicted
-
-    def update(self, key: tuple, accepted: float, predicted: float) -> None:
-        a, p = self.sums.get(key, self.PRIOR)
-        self.sums[key] = (self.MEMORY * a + accepted, self.MEMORY * p + predicted)
 
 
 def match_class(match: int) -> int:
@@ -68,12 +56,12 @@ class Node:
     proposals: dict[tuple, float] = field(default_factory=dict)  # calibration key -> raw estimate
 
 
-class HybridProposer:
+class HybridProposer(Proposer):
     def __init__(self, eagle: EagleProposer | None, lookup: bool, cache: NgramIndex | None,
-                 calibration: Calibration, verify_costs: VerifyCosts):
+                 calibration: Calibration, costs: ForwardCosts):
         """`eagle`: an `auto` EAGLE proposer (None: no head); `lookup`: copy from this generation's
         text; `cache`: the suffix cache of earlier generations (None: none)."""
-        self.eagle, self.cache, self.calibration, self.costs = eagle, cache, calibration, verify_costs
+        self.eagle, self.cache, self.calibration, self.costs = eagle, cache, calibration, costs
         self.shape = eagle.shape if eagle else parse_tree("auto")
         self.reads = eagle.reads if eagle else ()
         self.entries = eagle.entries if eagle else None
@@ -90,7 +78,7 @@ class HybridProposer:
         if self.eagle:
             self.eagle.start(prompt_ids, features)
 
-    def propose(self, max_depth: int) -> Drafting:
+    def propose(self, max_depth: int, budget: Budget = ALONE) -> Drafting:
         """A generator (the EAGLE part's head forwards, head_rows.py) that returns the tree."""
         started = self.clock.now()
         nodes: dict[tuple[int, ...], Node] = {}
@@ -104,7 +92,7 @@ class HybridProposer:
             node.proposals[key] = raw
 
         if self.eagle:
-            pool, scores = yield from self.eagle.candidates(max_depth)
+            pool, scores = yield from self.eagle.candidates(max_depth, budget)
             scale = self.eagle.auto.calibration
             for path, score in zip(pool.paths(), scores):
                 add(path, ("eagle",), math.exp(score), min(1.0, scale * math.exp(score)))
@@ -120,7 +108,8 @@ class HybridProposer:
         order = sorted(nodes, key=lambda p: (-nodes[p].estimate, len(p)))[: self.shape.max_nodes]
         if self.eagle:  # the head's pass over entries that waited is charged by `auto`, not to this round
             started = max(started, self.eagle.auto.round_start)
-        n, _ = best_prefix([nodes[p].estimate for p in order], self.costs, self.clock.now() - started, plain=True)
+        n, _ = best_prefix([nodes[p].estimate for p in order], RoundCosts(self.costs, budget), self.clock.now() - started,
+                           plain=True)
         chosen = sorted(order[:n], key=len)
         self.nodes = {p: nodes[p] for p in chosen}
         self.sizes.append(n)
@@ -157,3 +146,77 @@ class HybridProposer:
         mean = sum(drafting) / len(drafting) if drafting else 0.0
         return (f"hybrid:{'+'.join(sources)} (mean {mean:.1f} tokens per drafting round, {len(drafting)} of "
                 f"{len(self.sizes)} rounds drafting)")
+
+
+@dataclass
+class HybridState:
+    """What a `hybrid` method keeps per target model across generations."""
+
+    cache: NgramIndex | None  # earlier generations' texts
+    learned: dict = field(default_factory=dict)  # sampling setting -> the EAGLE part's `auto` sizing
+    calibrations: dict = field(default_factory=dict)  # sampling setting -> Calibration of the copying sources
+    last: list[int] | None = None  # the last generation's text (its final round's tokens aside), which joins
+    # the cache when the next one starts
+
+
+@register
+@dataclass(frozen=True)
+class Hybrid(Method):
+    head: object = None  # EagleHead, where "eagle" is a source
+    sources: tuple[str, ...] = SOURCES
+    cache_tokens: int = 200_000
+    name: ClassVar[str] = "hybrid"
+    syntax: ClassVar[str] = "hybrid[:SOURCES]"
+    summary: ClassVar[str] = ("one tree from EAGLE, lookup in this generation's text and a suffix cache of earlier "
+                              "generations; SOURCES joins some of them with '+' (eagle+lookup+suffix[=TOKENS])")
+    needs: ClassVar[Artefact] = Artefact.EAGLE_HEAD
+    state: WeakKeyDictionary = field(default_factory=WeakKeyDictionary, init=False, compare=False, repr=False)
+
+    def __post_init__(self):
+        if not self.sources or set(self.sources) - set(SOURCES):
+            raise InvalidArgumentError(f"hybrid sources {'+'.join(self.sources)}: expected some of {'+'.join(SOURCES)}")
+        if "eagle" in self.sources and self.head is None:
+            raise InvalidArgumentError(f"hybrid with eagle needs {Artefact.EAGLE_HEAD.help}")
+        check_head_kind("hybrid", self.head, "eagle")
+        NgramIndex(self.cache_tokens)  # checks the bound
+
+    @staticmethod
+    def options(arg: str) -> dict:
+        if not arg:
+            return {}
+        sources, options = [], {}
+        for part in arg.split("+"):
+            name, eq, value = part.partition("=")
+            if name not in SOURCES or name in sources or (eq and (name != "suffix" or not value.lstrip("-").isdigit())):
+                raise InvalidArgumentError(
+                    f"method 'hybrid:{arg}': expected some of {'+'.join(SOURCES)} joined by '+', once each, "
+                    "suffix=N for a suffix cache of N tokens")
+            sources.append(name)
+            if eq:
+                options["cache_tokens"] = int(value)
+        return {"sources": tuple(sources), **options}
+
+    @classmethod
+    def needs_for(cls, options: dict) -> Artefact | None:
+        return Artefact.EAGLE_HEAD if "eagle" in options.get("sources", SOURCES) else None
+
+    def bind(self, target, params: SamplingParams):
+        costs = target.model.forward_costs()  # measured once per model
+        state = self.state.setdefault(
+            target.model, HybridState(NgramIndex(self.cache_tokens) if "suffix" in self.sources else None))
+        key = (params.temperature, params.top_p, params.top_k)
+        calibration = state.calibrations.setdefault(key, Calibration())
+        shape = parse_tree("auto")
+
+        def make(draws, capacity):
+            eagle = None
+            if "eagle" in self.sources:
+                eagle = EagleProposer(self.head, shape, params, draws, costs, state.learned.get(key))
+                state.learned[key] = eagle.auto
+            if state.cache is not None and state.last is not None:
+                state.cache.add(state.last)
+            proposer = HybridProposer(eagle, "lookup" in self.sources, state.cache, calibration, costs)
+            state.last = proposer.history  # the list the proposer extends
+            return proposer
+
+        return make

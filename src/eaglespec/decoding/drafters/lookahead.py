@@ -1,4 +1,4 @@
-"""The `lookahead` proposer: Lookahead decoding (Fu et al. 2024), one of the paper's baselines.
+"""`lookahead[:W=5,N=4,G=5]`: Lookahead decoding (Fu et al. 2024), one of the paper's baselines.
 
 No model and no data: the target guesses ahead by Jacobi iteration, in the same forward that
 verifies. A window of W columns and N - 1 levels of guessed tokens runs as extra rows of every
@@ -20,15 +20,20 @@ rounds to fill it).
 from __future__ import annotations
 
 import random
+from dataclasses import dataclass
+from typing import ClassVar
 
 from torch import Tensor
 
+from eaglespec.decoding.drafters.registry import Method, register
+from eaglespec.decoding.proposer import Proposer
+from eaglespec.decoding.sampling import SamplingParams
+from eaglespec.decoding.sizing import ALONE, Budget
 from eaglespec.decoding.tree import DraftTree, ExtraRows, TreeShape
 from eaglespec.errors import InvalidArgumentError
 
 
-class LookaheadProposer:
-    reads: tuple[int, ...] = ()
+class LookaheadProposer(Proposer):
 
     def __init__(self, window: int = 5, ngram: int = 4, pool: int = 5):
         if not (1 <= window <= 16 and 3 <= ngram <= 8 and 1 <= pool <= 16):
@@ -64,7 +69,7 @@ class LookaheadProposer:
             self._remember(prompt_ids[i], tuple(prompt_ids[i + 1:i + self.N]))
         self.root = prompt_ids[-1]
 
-    def propose(self, max_depth: int) -> DraftTree:
+    def draft(self, max_depth: int, budget: Budget = ALONE) -> DraftTree:
         tokens, parents, index = [], [], {}
         for continuation in reversed(self.pool.get(self.root, [])):  # latest first
             for d in range(1, min(len(continuation), max_depth) + 1):
@@ -107,3 +112,32 @@ class LookaheadProposer:
         mean = sum(self.drafted) / len(self.drafted) if self.drafted else 0.0
         return (f"lookahead:W={self.W},N={self.N},G={self.G} (mean {mean:.1f} draft tokens and "
                 f"{len(self.offsets)} window rows per round)")
+
+
+@register
+@dataclass(frozen=True)
+class Lookahead(Method):
+    window: int = 5  # W
+    ngram: int = 4  # N
+    pool: int = 5  # G
+    name: ClassVar[str] = "lookahead"
+    syntax: ClassVar[str] = "lookahead[:W=5,N=4,G=5]"
+    summary: ClassVar[str] = ("Lookahead decoding: Jacobi iteration in a window of W columns and N - 1 levels, run in "
+                              "the verification forward, and a pool of the n-grams it produces (G per first token)")
+
+    def __post_init__(self):
+        LookaheadProposer(self.window, self.ngram, self.pool)  # checks the numbers
+
+    @staticmethod
+    def options(arg: str) -> dict:
+        names = {"W": "window", "N": "ngram", "G": "pool"}
+        options = {}
+        for part in filter(None, arg.split(",")):
+            key, eq, value = part.partition("=")
+            if key not in names or names[key] in options or not eq or not value.isdigit():
+                raise InvalidArgumentError(f"method 'lookahead:{arg}': expected lookahead:W=5,N=4,G=5 (any of them)")
+            options[names[key]] = int(value)
+        return options
+
+    def bind(self, target, params: SamplingParams):
+        return lambda draws, capacity: LookaheadProposer(self.window, self.ngram, self.pool)

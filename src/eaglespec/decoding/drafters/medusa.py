@@ -1,4 +1,4 @@
-"""The `medusa` proposer: Medusa-1's tree of top-k candidates from K heads on the target's feature.
+"""`medusa[:N]`: Medusa-1's tree of top-k candidates from K heads on the target's feature.
 
 Before a round, the target's final feature f at the position before the root is known (the root
 is the token the target chose there). Medusa head k drafts the token k places after the root from
@@ -19,14 +19,20 @@ output is vanilla's and sampled output follows the target's distribution exactly
 from __future__ import annotations
 
 import heapq
+from dataclasses import dataclass, field
+from typing import ClassVar
+from weakref import WeakKeyDictionary
 
 import torch
 from torch import Tensor
 
-from eaglespec.decoding.eagle import best_prefix
-from eaglespec.decoding.hybrid import Calibration
+from eaglespec.decoding.drafters.registry import Artefact, Method, check_head_kind, count_option, register
+from eaglespec.decoding.proposer import Proposer
+from eaglespec.decoding.sampling import SamplingParams
+from eaglespec.decoding.sizing import ALONE, Budget, Calibration, RoundCosts, best_prefix
 from eaglespec.decoding.tree import DraftTree, TreeShape
-from eaglespec.models.costs import VerifyCosts
+from eaglespec.errors import InvalidArgumentError
+from eaglespec.models.costs import ForwardCosts
 from eaglespec.timing import Clock
 
 TOPK = 8  # candidate tokens per head
@@ -34,13 +40,11 @@ MAX_NODES = 32  # nodes of an auto-sized tree
 PROBE = 8  # after a round where no node paid, rounds until the next one that runs the heads
 
 
-class MedusaProposer:
-    reads: tuple[int, ...] = ()
-
-    def __init__(self, head, nodes: int | None, calibration: Calibration, verify_costs: VerifyCosts | None):
-        """`head`: a `MedusaHead`; `nodes`: verify this many nodes (None: size each round on
-        `verify_costs`, which is then required)."""
-        self.head, self.nodes, self.calibration, self.costs = head, nodes, calibration, verify_costs
+class MedusaProposer(Proposer):
+    def __init__(self, head, nodes: int | None, calibration: Calibration, costs: ForwardCosts | None):
+        """`head`: a `MedusaHead`; `nodes`: verify this many nodes (None: size each round on the
+        target's forward `costs`, which are then required)."""
+        self.head, self.nodes, self.calibration, self.costs = head, nodes, calibration, costs
         self.shape = TreeShape("medusa", None, TOPK, len(head.heads), nodes or MAX_NODES)
         self.clock = Clock(head.weight_like.device)
         self.feature: Tensor | None = None  # the target's feature before the root
@@ -73,7 +77,7 @@ class MedusaProposer:
                 heapq.heappush(heap, (negative * values[depth + 1][0], path + (0,), -negative))
         return paths, scores, head.to_target(top.indices)
 
-    def propose(self, max_depth: int) -> DraftTree:
+    def draft(self, max_depth: int, budget: Budget = ALONE) -> DraftTree:
         self.estimates = []
         if self.feature is None or max_depth < 1:
             return DraftTree()
@@ -85,8 +89,8 @@ class MedusaProposer:
         paths, scores, tokens = self.candidates(max_depth)
         scale = self.calibration.factor(("medusa",))
         if self.nodes is None:
-            n, _ = best_prefix([min(1.0, scale * s) for s in scores], self.costs, self.clock.now() - started,
-                               plain=True)
+            n, _ = best_prefix([min(1.0, scale * s) for s in scores], RoundCosts(self.costs, budget),
+                               self.clock.now() - started, plain=True)
             self.plain = 0 if n else self.plain + 1
             n = n or int(self.plain > 1)  # a probe after PROBE plain rounds: the best node
         else:
@@ -108,3 +112,32 @@ class MedusaProposer:
         size = f"{self.nodes} nodes" if self.nodes else "auto-sized"
         return (f"medusa:{len(self.head.heads)} heads, top-{TOPK}, {size} (mean {mean:.1f} tokens per drafting "
                 f"round, {len(drafting)} of {len(self.sizes)} rounds drafting)")
+
+
+@register
+@dataclass(frozen=True)
+class Medusa(Method):
+    head: object  # MedusaHead
+    nodes: int | None = None  # None: sized on this machine's forward costs each round
+    name: ClassVar[str] = "medusa"
+    syntax: ClassVar[str] = "medusa[:N]"
+    summary: ClassVar[str] = ("Medusa-1's tree of top-k candidates from a Medusa head, as many nodes as pay on this "
+                              "machine, or with N always the N best")
+    needs: ClassVar[Artefact] = Artefact.MEDUSA_HEAD
+    # per target model, then per sampling setting: the heads' calibration, carried across generations
+    calibrations: WeakKeyDictionary = field(default_factory=WeakKeyDictionary, init=False, compare=False, repr=False)
+
+    def __post_init__(self):
+        check_head_kind("medusa", self.head, "medusa")
+        if self.nodes is not None and not 1 <= self.nodes <= 64:
+            raise InvalidArgumentError(f"method 'medusa:{self.nodes}': expected medusa:N with 1 to 64 nodes")
+
+    @staticmethod
+    def options(arg: str) -> dict:
+        return {"nodes": count_option("medusa", arg)} if arg else {}
+
+    def bind(self, target, params: SamplingParams):
+        costs = target.model.forward_costs() if self.nodes is None else None  # measured once per model
+        key = (params.temperature, params.top_p, params.top_k)
+        calibration = self.calibrations.setdefault(target.model, {}).setdefault(key, Calibration())
+        return lambda draws, capacity: MedusaProposer(self.head, self.nodes, calibration, costs)
