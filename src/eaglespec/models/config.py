@@ -1,4 +1,5 @@
-"""The few hyper-parameters our decoder needs, read from a Hugging Face config."""
+"""The few hyper-parameters our decoder needs, read from a Hugging Face config (the layer's
+variant by its family's file, `models/families/`)."""
 
 from __future__ import annotations
 
@@ -6,13 +7,12 @@ from dataclasses import dataclass
 from typing import Any
 
 from eaglespec.errors import UnsupportedModelError
-
-SUPPORTED_FAMILIES = ("llama", "qwen2", "mistral")
+from eaglespec.models.families import family_of
 
 
 @dataclass(frozen=True)
 class ModelConfig:
-    family: str  # one of SUPPORTED_FAMILIES
+    family: str  # a `model_type` of `models.families.FAMILIES`
     vocab_size: int
     hidden_size: int
     intermediate_size: int
@@ -30,12 +30,7 @@ class ModelConfig:
     @classmethod
     def from_hf(cls, hf: Any) -> ModelConfig:
         """Build from a transformers `PretrainedConfig` (4.x or 5.x layout)."""
-        family = hf.model_type
-        if family not in SUPPORTED_FAMILIES:
-            raise UnsupportedModelError(
-                f"architecture '{family}' is not supported; eaglespec runs "
-                f"{', '.join(SUPPORTED_FAMILIES)} models: pick one of those"
-            )
+        family = family_of(hf.model_type)
         rope = getattr(hf, "rope_parameters", None) or getattr(hf, "rope_scaling", None) or {}
         rope_type = rope.get("rope_type", rope.get("type", "default"))
         if rope_type != "default":
@@ -47,16 +42,10 @@ class ModelConfig:
             raise UnsupportedModelError("the config has no rope_theta; add it to config.json")
         heads = hf.num_attention_heads
         head_dim = getattr(hf, "head_dim", None) or hf.hidden_size // heads
-        if family == "qwen2":
-            qkv_bias = True
-            window = hf.sliding_window if getattr(hf, "use_sliding_window", False) else None
-        else:
-            qkv_bias = bool(getattr(hf, "attention_bias", False))
-            window = getattr(hf, "sliding_window", None)
         if getattr(hf, "mlp_bias", False):
             raise UnsupportedModelError("MLP biases are not supported; use a model without mlp_bias")
         return cls(
-            family=family,
+            family=family.model_type,
             vocab_size=hf.vocab_size,
             hidden_size=hf.hidden_size,
             intermediate_size=hf.intermediate_size,
@@ -68,6 +57,5 @@ class ModelConfig:
             rope_theta=float(theta),
             max_position_embeddings=hf.max_position_embeddings,
             tie_word_embeddings=bool(getattr(hf, "tie_word_embeddings", False)),
-            qkv_bias=qkv_bias,
-            sliding_window=window,
+            **family.layer_config(hf),
         )

@@ -21,7 +21,7 @@ import torch
 from tqdm import tqdm
 
 from eaglespec.errors import CorruptWeightsError, FetchError, UnsupportedModelError
-from eaglespec.models.config import SUPPORTED_FAMILIES
+from eaglespec.models.families import FAMILIES, family_of
 from eaglespec.models.registry import Bundle, Part, cache_root
 
 CHUNK = 1 << 22
@@ -146,12 +146,8 @@ def convert_gguf(gguf: Path, out: Path) -> None:
         config = AutoConfig.from_pretrained(str(gguf.parent), gguf_file=gguf.name)
     except (ValueError, KeyError, OSError) as err:
         raise UnsupportedModelError(f"{gguf} is not a GGUF model transformers can read ({err}); "
-                                    "use a Llama, Qwen2 or Mistral GGUF") from None
-    if config.model_type not in SUPPORTED_FAMILIES:
-        raise UnsupportedModelError(
-            f"architecture '{config.model_type}' is not supported; eaglespec runs "
-            f"{', '.join(SUPPORTED_FAMILIES)} models: pick one of those"
-        )
+                                    f"use a GGUF of a family eaglespec runs ({', '.join(FAMILIES)})") from None
+    family_of(config.model_type)  # a one-line error for a family we do not run
     with torch.device("meta"):
         skeleton = AutoModelForCausalLM.from_config(config)
     config.architectures = [type(skeleton).__name__]  # other runtimes pick their model class by it

@@ -12,6 +12,7 @@ from safetensors import SafetensorError, safe_open
 from eaglespec.errors import CorruptWeightsError, UnknownModelError
 from eaglespec.models.config import ModelConfig
 from eaglespec.models.decoder import Decoder
+from eaglespec.models.families import family_of
 from eaglespec.models.fetch import convert_gguf, fetch, sha256_of
 from eaglespec.models.quantize import quantize
 from eaglespec.models.registry import BUNDLED, cache_root
@@ -68,8 +69,10 @@ _FUSED = [  # our fused parameter <- the Hugging Face parameters concatenated in
 ]
 
 
-def from_hf_state_dict(hf: dict[str, torch.Tensor], dtype: torch.dtype) -> dict[str, torch.Tensor]:
-    """Map Hugging Face parameter names onto ours, fusing q/k/v and gate/up. Unknown names are dropped."""
+def from_hf_state_dict(hf: dict[str, torch.Tensor], dtype: torch.dtype,
+                       renames: tuple[tuple[str, str], ...] = ()) -> dict[str, torch.Tensor]:
+    """Map Hugging Face parameter names onto ours, fusing q/k/v and gate/up; a family's own `renames`
+    are tried first. Unknown names are dropped."""
     ours: dict[str, torch.Tensor] = {}
     pieces: dict[str, dict[str, torch.Tensor]] = {}
     for name, tensor in hf.items():
@@ -78,7 +81,7 @@ def from_hf_state_dict(hf: dict[str, torch.Tensor], dtype: torch.dtype) -> dict[
                 pieces.setdefault(m.expand(target), {})[m.group(2)] = tensor
                 break
         else:
-            for pattern, repl in _RENAMES:
+            for pattern, repl in (*renames, *_RENAMES):
                 if re.match(pattern, name):
                     ours[re.sub(pattern, repl, name)] = tensor.to(dtype)
                     break
@@ -135,7 +138,8 @@ def read_safetensors(folder: Path) -> dict[str, torch.Tensor]:
 def build_decoder(config: ModelConfig, hf_tensors: dict[str, torch.Tensor], dtype: torch.dtype) -> Decoder:
     with torch.device("meta"):
         model = Decoder(config)
-    missing, unexpected = model.load_state_dict(from_hf_state_dict(hf_tensors, dtype), strict=False, assign=True)
+    ours = from_hf_state_dict(hf_tensors, dtype, family_of(config.family).renames)
+    missing, unexpected = model.load_state_dict(ours, strict=False, assign=True)
     missing = [k for k in missing if not (k == "lm_head.weight" and config.tie_word_embeddings)]
     if missing or unexpected:
         raise CorruptWeightsError(

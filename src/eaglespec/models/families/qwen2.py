@@ -1,0 +1,17 @@
+"""Qwen2 (Qwen2.5): Llama's layer with q/k/v biases always; its sliding window applies only where
+the config's `use_sliding_window` turns it on."""
+
+from typing import Any
+
+from eaglespec.models.families.family import Family
+from eaglespec.models.families.registry import register
+
+
+@register
+class Qwen2(Family):
+    model_type = "qwen2"
+
+    @staticmethod
+    def layer_config(hf: Any) -> dict:
+        return {"qkv_bias": True,
+                "sliding_window": hf.sliding_window if getattr(hf, "use_sliding_window", False) else None}
