@@ -12,7 +12,8 @@ from eaglespec.decoding.drafters.eagle import Eagle
 from eaglespec.heads.checkpoint import load_head
 from eaglespec.models.load import load_target
 from eaglespec.training.features import ExtractConfig, FeatureSet, extract
-from eaglespec.training.trainer import TrainConfig, train
+from eaglespec.training.config import TrainConfig
+from eaglespec.training.trainer import train
 
 pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")]
 

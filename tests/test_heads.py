@@ -19,8 +19,10 @@ from eaglespec.heads.head import Eagle3Head, EagleHead, make_head
 from eaglespec.models.load import load_target
 from eaglespec.training.evaluate import chain_predictions, head_inputs
 from eaglespec.training.features import ExtractConfig, FeatureSet, extract
-from eaglespec.training.objectives import parse_loss, position_losses
-from eaglespec.training.trainer import TrainConfig, draft_vocabulary, train
+from eaglespec.training.config import parse_loss
+from eaglespec.training.objectives import position_losses
+from eaglespec.training.config import TrainConfig
+from eaglespec.training.trainer import draft_vocabulary, train
 
 AUX = (1, 2, 3)
 
@@ -155,7 +157,7 @@ def test_bad_training_options_fail_before_any_work(tiny4, features, tmp_path):
     for kwargs, message in [({"unroll": 0}, "--unroll must be >= 1"), ({"loss": "mse"}, "unknown loss term 'mse'"),
                             ({"loss": "ce:0,feature:0"}, "sum to 0"), ({"loss": "ce:-1"}, "weight >= 0"),
                             ({"head_type": "eagle2"}, "unknown head type"),
-                            ({"head_type": "eagle3"}, "drop the 'feature' loss term"),
+                            ({"head_type": "eagle3", "loss": "feature:1,ce:0.1"}, "drop the 'feature' loss term"),
                             ({"aux_layers": (1, 2, 3)}, "EAGLE-3 option"), ({"unroll_decay": 0}, "unroll-decay")]:
         with pytest.raises(InvalidArgumentError, match=message):
             run_config(tiny4, features, tmp_path / "bad", **kwargs)

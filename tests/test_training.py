@@ -11,8 +11,10 @@ from pathlib import Path
 
 import pytest
 import torch
+from click.testing import CliRunner
 from safetensors import safe_open
 
+from eaglespec.cli import main
 from eaglespec.errors import EaglespecError, InvalidArgumentError
 from eaglespec.heads.checkpoint import HeadMismatchError, load_head, save_head
 from eaglespec.heads.head import INPUT_VARIANTS, EagleHead
@@ -21,7 +23,8 @@ from eaglespec.training import features as features_module
 from eaglespec.training import trainer as trainer_module
 from eaglespec.training.evaluate import chain_predictions
 from eaglespec.training.features import ExtractConfig, FeatureSet, extract, target_outputs
-from eaglespec.training.trainer import TrainConfig, draft_vocabulary, train
+from eaglespec.training.config import TrainConfig
+from eaglespec.training.trainer import draft_vocabulary, train
 
 
 @pytest.fixture(scope="module")
@@ -350,10 +353,6 @@ def test_regenerated_answers_are_the_targets_own_and_resume(tiny, dataset, tmp_p
 
 
 def test_eval_head_command_reports_n_alpha(cfg, tiny, dataset, tmp_path):
-    from click.testing import CliRunner
-
-    from eaglespec.cli import main
-
     train(cfg("evalcli", epochs=1), log=lambda m: None)
     result = CliRunner().invoke(main, ["eval-head", "--model", str(tiny.folder), "--head", cfg("evalcli").out + "/head",
                                        "--limit", "3", "--dtype", "float32", "--json"])
@@ -379,3 +378,32 @@ def test_eval_head_command_reports_n_alpha(cfg, tiny, dataset, tmp_path):
     assert result.exit_code == 0, result.output
     first_three = json.loads(result.stdout)
     assert first_three["tokens_scored"] == 9 and first_three["answer_tokens"] == 3
+
+
+def test_each_head_type_defaults_to_its_recipe_from_python_and_the_cli(tmp_path, monkeypatch):
+    """TrainConfig owns the defaults (the shipped recipes); the CLI's options come from it and only
+    override what they give, over a --config file's settings."""
+    import tomllib
+
+    from eaglespec.training.config import RECIPES
+
+    where = dict(model="m", train_dir="t", out=str(tmp_path / "run"))
+    for kind, recipe in RECIPES.items():
+        made = TrainConfig(head_type=kind, **where)
+        assert {k: getattr(made, k) for k in recipe} == recipe
+        assert TrainConfig.from_settings(tomllib.loads(made.toml())) == made  # train.toml reads back the same
+    seen = []
+    monkeypatch.setattr(trainer_module, "train", lambda config, log: seen.append(config))
+    (tmp_path / "recipe.toml").write_text('head_type = "eagle3"\nlr = 0.01\nunroll = 2\nbetas = [0.8, 0.9]\n')
+    result = CliRunner().invoke(main, ["train", "--config", str(tmp_path / "recipe.toml"), "--model", "m",
+                                       "--train-features", "t", "--out", where["out"], "--unroll", "4"])
+    assert result.exit_code == 0, result.output
+    assert seen == [TrainConfig(head_type="eagle3", lr=0.01, unroll=4, betas=(0.8, 0.9), **where)]
+    result = CliRunner().invoke(main, ["train", "--model", "m", "--train-features", "t", "--out", where["out"],
+                                       "--betas", "0.9,x"])
+    assert result.exit_code == 1 and "--betas '0.9,x'" in result.output
+    (tmp_path / "typo.toml").write_text('learning_rate = 0.01\n')
+    result = CliRunner().invoke(main, ["train", "--config", str(tmp_path / "typo.toml")])
+    assert result.exit_code == 1 and "unknown training settings learning_rate" in result.output
+    result = CliRunner().invoke(main, ["train", "--train-features", "t", "--out", where["out"]])
+    assert result.exit_code == 1 and "give --model (or model in the --config file)" in result.output

@@ -5,12 +5,14 @@ from __future__ import annotations
 import json
 import os
 import sys
-from dataclasses import replace
+from dataclasses import MISSING, fields, replace
+from pathlib import Path
 
 import click
 
 from eaglespec.errors import EaglespecError, InvalidArgumentError, UnknownModelError
 from eaglespec.models.registry import BUNDLED, DATASETS, DEFAULT_MODEL, DRAFT_MODELS, cache_root
+from eaglespec.training.config import TrainConfig
 
 
 class Group(click.Group):
@@ -317,85 +319,67 @@ def regenerate(model_spec, data, split, limit, skip, turns, max_new_tokens, max_
     click.echo(f"{out}: {summary}")
 
 
+def config_options(config_cls):
+    """Click options generated from a config dataclass's fields (`setting(...)`: flag, help, choices):
+    each defaults to None, so that only what the command line gives overrides a --config file, and
+    the dataclass fills in the rest (its defaults, the head type's recipe)."""
+    def decorate(command):
+        for f in reversed(fields(config_cls)):
+            meta = dict(f.metadata)
+            flag = meta.pop("flag") or "--" + f.name.replace("_", "-")
+            helped = meta.pop("help")
+            if f.default not in (None, (), MISSING):
+                shown = ",".join(map(str, f.default)) if isinstance(f.default, tuple) else f.default
+                helped += f"  [default: {shown}]"
+            if f.type == "bool":
+                decl, kind = f"{flag}/--no-{flag[2:]}", None
+            else:
+                decl = flag
+                kind = click.Choice(meta.pop("choices")) if "choices" in meta else \
+                    {"int": int, "float": float}.get(f.type.removesuffix(" | None"), str)
+            command = click.option(decl, f.name, default=None, type=kind, help=helped, **meta)(command)
+        return command
+    return decorate
+
+
+def _tuple_setting(name: str, value: str, kind: type) -> tuple:
+    """A tuple setting given on the command line as comma-separated values."""
+    try:
+        return tuple(kind(x) for x in value.split(",")) if value else ()
+    except ValueError:
+        raise EaglespecError(f"--{name.replace('_', '-')} '{value}': give comma-separated numbers") from None
+
+
 @main.command()
-@click.option("--model", "model_spec", required=True)
-@click.option("--train-features", "train_dir", required=True, type=click.Path())
-@click.option("--heldout-features", "heldout_dir", default=None, type=click.Path())
-@click.option("--out", required=True, type=click.Path(), help="Run folder: checkpoints, head/, curves.png.")
-@click.option("--epochs", default=10, show_default=True)
-@click.option("--lr", default=3e-5, show_default=True)
-@click.option("--beta1", default=0.9, show_default=True)
-@click.option("--beta2", default=0.95, show_default=True)
-@click.option("--weight-decay", default=0.0, show_default=True)
-@click.option("--grad-clip", default=0.5, show_default=True)
-@click.option("--warmup-steps", default=100, show_default=True)
-@click.option("--batch", "batch_conversations", default=8, show_default=True, help="Conversations per step.")
-@click.option("--noise", default=None, type=float,
-              help="U(-noise, noise) on input features (default 0.1 for EAGLE heads, 0 for Medusa).")
-@click.option("--loss", default=None,
-              help="Weighted loss terms name:weight: feature (EAGLE-1 regression), ce (soft cross-entropy), "
-                   "accept (-log sum min(p, q)), topk (HASS top-K distillation). Default feature:1,ce:0.1 "
-                   "(EAGLE-1's), ce for EAGLE-3 and Medusa heads.")
-@click.option("--unroll", default=1, show_default=True,
-              help="Draft steps trained per position (training-time test; 1: EAGLE-1's training).")
-@click.option("--unroll-decay", default=0.8, show_default=True,
-              help="Step i's loss weighs decay**i (Medusa: head i + 1's, Medusa's lambda).")
-@click.option("--head-type", "--method", "head_type", default="eagle1", show_default=True,
-              type=click.Choice(["eagle1", "eagle3", "medusa"]))
-@click.option("--medusa-heads", default=4, show_default=True, help="Medusa: heads, each one token further ahead.")
-@click.option("--aux-layers", default="", help="EAGLE-3's target layers, e.g. 2,15,27 (default: 2,N//2,N-3).")
-@click.option("--device", default="cpu", show_default=True, help="cpu or cuda.")
-@click.option("--draft-vocab", default=0, show_default=True,
-              help="Reduced draft vocabulary: the N most frequent answer tokens of the training data (0: full; "
-                   "with --init HEAD, 0 keeps the head's and N picks an EAGLE-1 or Medusa head's anew).")
-@click.option("--layers", "num_layers", default=1, show_default=True)
-@click.option("--input-variant", default="feature+shifted-token", show_default=True,
-              type=click.Choice(["feature+shifted-token", "feature+unshifted-token", "feature", "token"]))
-@click.option("--init", default="random", show_default=True,
-              help="random, target-last-layer (EAGLE-1) or a head folder to continue from (its weights and, "
-                   "unless --draft-vocab N, its draft vocabulary; a fresh optimizer and schedule).")
-@click.option("--checkpoint-every", default=50, show_default=True)
-@click.option("--eval-limit", default=None, type=int, help="Held-out conversations scored each epoch.")
-@click.option("--no-autocast", is_flag=True, help="Train in fp32 even where bf16 autocast is available.")
-@click.option("--seed", default=0, show_default=True)
-@click.option("--budget-minutes", default=None, type=float,
-              help="Train this long in all (over every stretch, evaluations not counted; on a CPU in CPU time "
-                   "per thread, so other processes do not eat the budget): the lr decays linearly to 0 at the "
-                   "budget, then the run evaluates and ends (--epochs becomes an upper bound).")
-@click.option("--max-minutes", default=None, type=float, help="Stop after this long; run again to resume.")
-@click.option("--max-steps", default=None, type=int, help="Stop once this many steps are done; run again to resume.")
+@click.option("--config", "config_file", type=click.Path(exists=True, dir_okay=False),
+              help="A TOML file of these settings by their names (as in the train.toml a run writes); the "
+                   "options given here override it.")
+@config_options(TrainConfig)
 @click.option("--threads", default=None, type=int)
-def train(model_spec, train_dir, heldout_dir, out, epochs, lr, beta1, beta2, weight_decay, grad_clip,
-          warmup_steps, batch_conversations, noise, loss, unroll, unroll_decay, head_type, medusa_heads, aux_layers,
-          device,
-          draft_vocab, num_layers, input_variant, init, checkpoint_every, eval_limit, no_autocast, seed,
-          budget_minutes, max_minutes, max_steps, threads) -> None:
-    """Train an EAGLE (or Medusa) head on extracted features (resumes from OUT; runs unchanged under torchrun)."""
+def train(config_file: str | None, threads: int | None, **given) -> None:
+    """Train an EAGLE (or Medusa) head on extracted features (resumes from OUT; runs unchanged under torchrun).
+    Settings left out take the head type's recipe, the one the shipped heads were trained with."""
+    import tomllib
+
     import torch
 
-    from eaglespec.training.objectives import DEFAULT_LOSS
-    from eaglespec.training.trainer import TrainConfig
     from eaglespec.training.trainer import train as run_train
 
+    settings = tomllib.loads(Path(config_file).read_text()) if config_file else {}
+    settings |= {k: v for k, v in given.items() if v is not None}
+    if isinstance(settings.get("betas"), str):
+        settings["betas"] = _tuple_setting("betas", settings["betas"], float)
+    if isinstance(settings.get("aux_layers"), str):
+        settings["aux_layers"] = _tuple_setting("aux_layers", settings["aux_layers"], int)
+    config = TrainConfig.from_settings(settings)
     if threads:
         torch.set_num_threads(threads)
-    config = TrainConfig(
-        model=model_spec, train_dir=str(train_dir), out=str(out), heldout_dir=heldout_dir and str(heldout_dir),
-        epochs=epochs, lr=lr, betas=(beta1, beta2), weight_decay=weight_decay, grad_clip=grad_clip,
-        warmup_steps=warmup_steps, batch_conversations=batch_conversations,
-        noise=(0.0 if head_type == "medusa" else 0.1) if noise is None else noise,
-        loss=loss or (DEFAULT_LOSS if head_type == "eagle1" else "ce"), unroll=unroll, unroll_decay=unroll_decay,
-        head_type=head_type, medusa_heads=medusa_heads, aux_layers=_aux_list(aux_layers), device=device,
-        draft_vocab=draft_vocab, num_layers=num_layers, input_variant=input_variant, init=init,
-        checkpoint_every=checkpoint_every, eval_limit=eval_limit, autocast=not no_autocast, seed=seed,
-        budget_minutes=budget_minutes, max_minutes=max_minutes, max_steps=max_steps,
-    )
     try:
         run_train(config, log=lambda m: click.echo(m, err=True))
     except KeyboardInterrupt:
         sys.exit(130)
     if _world()[0] == 0:
-        click.echo(f"head: {out}/head")
+        click.echo(f"head: {config.out}/head")
 
 
 @main.command("eval-head")

@@ -19,30 +19,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from eaglespec.errors import InvalidArgumentError
-
-TERMS = ("feature", "ce", "accept", "topk")
 TOPK = 10
-DEFAULT_LOSS = "feature:1,ce:0.1"  # EAGLE-1's loss
-
-
-def parse_loss(spec: str) -> dict[str, float]:
-    """`name:weight` terms separated by commas (a bare name weighs 1)."""
-    terms: dict[str, float] = {}
-    for part in spec.split(","):
-        name, colon, weight = part.strip().partition(":")
-        if name not in TERMS:
-            raise InvalidArgumentError(f"unknown loss term '{name}' in '{spec}': use {', '.join(TERMS)} as name:weight")
-        try:
-            value = float(weight) if colon else 1.0
-        except ValueError:
-            value = -1.0
-        if not value >= 0 or name in terms:
-            raise InvalidArgumentError(f"loss '{spec}': each term once, with a weight >= 0 (e.g. ce:0.1)")
-        terms[name] = value
-    if sum(terms.values()) <= 0:
-        raise InvalidArgumentError(f"loss '{spec}': the weights sum to 0, nothing would be trained")
-    return terms
 
 
 def position_losses(terms: dict[str, float], draft_logits: Tensor, target_logits: Tensor, target_lse: Tensor,

@@ -16,11 +16,10 @@ global count of scored tokens, so K processes compute the same update as one.
 
 from __future__ import annotations
 
-import json
 import os
 import time
 from contextlib import nullcontext
-from dataclasses import MISSING, asdict, dataclass, field, fields
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 import torch
@@ -28,88 +27,16 @@ import torch.distributed as dist
 from tqdm import tqdm
 
 from eaglespec.errors import InvalidArgumentError
-from eaglespec.files import atomic_path, save_figure
+from eaglespec.files import atomic_path, save_figure, write_text
 from eaglespec.heads.checkpoint import load_head, save_head
-from eaglespec.heads.head import HEAD_TYPES, DraftHead, check_aux_layers, make_head
+from eaglespec.heads.head import DraftHead, check_aux_layers, make_head
 from eaglespec.models.load import load_target
 from eaglespec.optional import available, pyplot
 from eaglespec.timing import work_seconds
 from eaglespec.training.evaluate import evaluate, head_inputs, head_tokens
 from eaglespec.training.features import FeatureSet
-from eaglespec.training.objectives import DEFAULT_LOSS, parse_loss, position_losses
-
-
-@dataclass
-class TrainConfig:
-    model: str
-    train_dir: str
-    out: str
-    heldout_dir: str | None = None
-    epochs: int = 10
-    lr: float = 3e-5
-    betas: tuple[float, float] = (0.9, 0.95)
-    weight_decay: float = 0.0
-    grad_clip: float = 0.5
-    warmup_steps: int = 100
-    batch_conversations: int = 8  # per optimizer step, over all ranks
-    noise: float = 0.1
-    loss: str = DEFAULT_LOSS  # weighted terms of objectives.py
-    unroll: int = 1  # K: draft steps trained per position (training-time test); 1 = EAGLE-1's training
-    unroll_decay: float = 0.8  # step i's loss weighs unroll_decay ** i
-    head_type: str = "eagle1"  # or "eagle3", "medusa"
-    medusa_heads: int = 4  # a Medusa head's heads
-    aux_layers: tuple[int, ...] = ()  # EAGLE-3's target layers (default: vLLM's 2, N // 2, N - 3)
-    draft_vocab: int = 0  # 0: the full target vocabulary (continuing a head: its own); N: the most frequent N
-    num_layers: int = 1
-    input_variant: str = "feature+shifted-token"
-    # "random", "target-last-layer" (EAGLE-1; EAGLE-3 heads always start their LM head from the
-    # target's) or a head folder to continue from (its weights and draft vocabulary; a fresh optimizer)
-    init: str = "random"
-    device: str = "cpu"  # or "cuda" (under torchrun: each process its LOCAL_RANK's GPU)
-    checkpoint_every: int = 50
-    eval_limit: int | None = None  # held-out conversations scored each epoch
-    autocast: bool = True
-    seed: int = 0
-    budget_minutes: float | None = None  # train this long (all stretches, evaluations excluded): lr decays to 0 at it
-    max_minutes: float | None = None  # stop (resumable) after this long in this run
-    max_steps: int | None = None  # stop (resumable) once this many steps are done
-
-    def __post_init__(self):
-        """Bad options fail here, before any work."""
-        terms = parse_loss(self.loss)
-        if self.unroll < 1:
-            raise InvalidArgumentError(f"--unroll must be >= 1 draft steps (1: no training-time test), got {self.unroll}")
-        if not 0 < self.unroll_decay <= 1:
-            raise InvalidArgumentError(f"--unroll-decay must be in (0, 1], got {self.unroll_decay}")
-        if self.head_type not in HEAD_TYPES:
-            raise InvalidArgumentError(f"unknown head type '{self.head_type}': use {' or '.join(HEAD_TYPES)}")
-        if self.head_type == "eagle3":
-            if "feature" in terms:
-                raise InvalidArgumentError("an EAGLE-3 head predicts no target feature: drop the 'feature' loss "
-                                           "term (EAGLE-3 trains on 'ce')")
-            if self.init == "target-last-layer" or self.num_layers != 1 or self.input_variant != "feature+shifted-token":
-                raise InvalidArgumentError("--init target-last-layer, --layers and --input-variant are EAGLE-1 options")
-        elif self.aux_layers:
-            raise InvalidArgumentError("--aux-layers is an EAGLE-3 option (EAGLE-1 and Medusa heads read the final feature)")
-        if self.head_type == "medusa" and (self.unroll != 1 or self.init == "target-last-layer"):
-            raise InvalidArgumentError("--unroll and --init target-last-layer are EAGLE options: a Medusa head "
-                                       "trains each of its --medusa-heads on true features")
-        if self.budget_minutes is not None and self.budget_minutes <= 0:
-            raise InvalidArgumentError(f"--budget-minutes must be > 0, got {self.budget_minutes}")
-        if self.init not in ("random", "target-last-layer") and not (Path(self.init) / "config.json").is_file():
-            raise InvalidArgumentError(
-                f"--init must be 'random', 'target-last-layer' or a head folder to continue from, got '{self.init}'")
-        self.aux_layers = tuple(self.aux_layers)
-
-    def same_run(self, other: dict) -> bool:
-        """Equal up to the stopping limits, which may change between stretches of one run (a
-        setting added since `other` was saved counts as its default)."""
-        limits = ("max_minutes", "max_steps")
-        defaults = {f.name: f.default for f in fields(self) if f.default is not MISSING}
-        mine = json.loads(json.dumps(asdict(self)))  # tuples as lists, as saved
-        theirs = json.loads(json.dumps({**defaults, **other}))
-        return {k: v for k, v in mine.items() if k not in limits} == \
-            {k: v for k, v in theirs.items() if k not in limits}
+from eaglespec.training.config import TrainConfig, parse_loss
+from eaglespec.training.objectives import position_losses
 
 
 @dataclass
@@ -201,197 +128,239 @@ def _atomic_save(obj, path: Path) -> None:
 
 def train(config: TrainConfig, log=print) -> State:
     """Train (or resume) a head; returns the final state. The head is written to `out/head`."""
-    distributed = int(os.environ.get("WORLD_SIZE", "1")) > 1
-    if distributed and not dist.is_initialized():
-        dist.init_process_group("nccl" if config.device.startswith("cuda") else "gloo")
-    rank, world = (dist.get_rank(), dist.get_world_size()) if distributed else (0, 1)
-    out = Path(config.out)
-    out.mkdir(parents=True, exist_ok=True)
-    if config.batch_conversations < world:
-        raise InvalidArgumentError(f"batch_conversations ({config.batch_conversations}) must be >= the number of processes ({world})")
+    return Run(config, log).run()
 
-    device = torch.device(config.device)
-    if device.type == "cuda":
-        if not torch.cuda.is_available():
-            raise InvalidArgumentError("--device cuda: no CUDA device here (or torch is a CPU build); use --device cpu")
-        device = torch.device("cuda", int(os.environ.get("LOCAL_RANK", "0")))
-        torch.cuda.set_device(device)
-    target = load_target(config.model, "float32", device)
-    train_set = FeatureSet(Path(config.train_dir))
-    if train_set.manifest["model"] != config.model:
-        raise InvalidArgumentError(f"{config.train_dir} holds features of {train_set.manifest['model']}, not {config.model}")
-    heldout = FeatureSet(Path(config.heldout_dir)) if config.heldout_dir else None
-    start = None if config.init in ("random", "target-last-layer") else load_head(config.init, target)
-    if start is not None:
-        if start.head_type != config.head_type:
-            raise InvalidArgumentError(f"--init {config.init} is an {start.head_type} head; this run trains an "
-                                       f"{config.head_type} head: make them agree")
-        if config.draft_vocab and start.head_type == "eagle3":
-            raise InvalidArgumentError(f"--init {config.init} is an EAGLE-3 head, whose LM head is trained over its own "
-                                       f"{start.vocab_size} draft tokens: continue it with --draft-vocab 0")
-        if start.head_type == "medusa" and len(start.heads) != config.medusa_heads:
-            raise InvalidArgumentError(f"--init {config.init} has {len(start.heads)} Medusa heads; give "
-                                       f"--medusa-heads {len(start.heads)}")
-    # EAGLE-1 and Medusa heads draft through the target's own LM head, so a continued one's weights
-    # carry over to a vocabulary picked anew from this run's data
-    vocab = draft_vocabulary(train_set, config.draft_vocab) if config.draft_vocab else \
-        (start.draft_vocab if start is not None else None)
-    torch.manual_seed(config.seed)
-    if config.aux_layers:
-        check_aux_layers(config.aux_layers, target.model.config.num_layers)
-    head = make_head(target.model.config, config.head_type, num_layers=config.num_layers,
-                     input_variant=config.input_variant, aux_layers=config.aux_layers or (start.reads if start else None) or None,
-                     draft_vocab_size=len(vocab) if vocab is not None else None,
-                     medusa_heads=config.medusa_heads).attach(target.model, vocab)
-    for folder, features in ((config.train_dir, train_set), (config.heldout_dir, heldout)):
-        extracted = tuple(features.manifest.get("aux_layers", ())) if features else head.reads
-        if head.reads and head.reads != extracted:
-            raise InvalidArgumentError(
-                f"{folder} holds the hidden states of target layers {list(extracted)}, but this EAGLE-3 head "
-                f"reads {list(head.reads)}: extract with --aux-layers {','.join(map(str, head.reads))} (or train "
-                "with the layers extracted)")
-    if start is not None:
-        try:
-            head.load_state_dict(start.state_dict())
-        except RuntimeError:
-            raise InvalidArgumentError(f"the head at {config.init} has other shapes or layers than this run's head "
-                                       "(--layers, --aux-layers): make them agree") from None
-    elif config.init == "target-last-layer" or config.head_type == "eagle3":
-        head.init_from_target(target.model)
-    model = None
-    if distributed:
-        ids = [device] if device.type == "cuda" else None
-        model = torch.nn.parallel.DistributedDataParallel(Unrolled(head), device_ids=ids)
-    params = [p for p in head.parameters() if p.requires_grad]
-    optimizer = torch.optim.AdamW(params, lr=config.lr, betas=config.betas, weight_decay=config.weight_decay)
-    per_epoch = len(train_set) // config.batch_conversations
-    if per_epoch == 0:
-        raise InvalidArgumentError(f"{len(train_set)} conversations make no batch of {config.batch_conversations}")
-    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, _schedule(config, per_epoch * config.epochs))
-    state = State()
-    autocast = config.autocast and (device.type == "cuda" or torch.ops.mkldnn._is_mkldnn_bf16_supported())
 
-    checkpoint = out / "checkpoint.pt"
-    if checkpoint.is_file():
-        saved = torch.load(checkpoint, weights_only=False, map_location=device)
-        if not config.same_run(saved["config"]):
-            raise InvalidArgumentError(f"{checkpoint} was made with other settings: use another --out folder")
-        head.load_state_dict(saved["head"])
-        optimizer.load_state_dict(saved["optimizer"])
-        scheduler.load_state_dict(saved["scheduler"])
-        state = State(**saved["state"])
-        log(f"resuming at epoch {state.epoch + 1}, step {state.step}")
+class Run:
+    """One training run, set up from its config (the target, the features, the head, the optimizer,
+    the checkpoint to resume from), then run epoch by epoch, step by step."""
 
-    def elapsed() -> float:
-        return base_seconds + work_seconds(device) - started
+    def __init__(self, config: TrainConfig, log=print):
+        self.config, self.log = config, log
+        self.distributed = int(os.environ.get("WORLD_SIZE", "1")) > 1
+        if self.distributed and not dist.is_initialized():
+            dist.init_process_group("nccl" if config.device.startswith("cuda") else "gloo")
+        self.rank, self.world = (dist.get_rank(), dist.get_world_size()) if self.distributed else (0, 1)
+        self.out = Path(config.out)
+        self.out.mkdir(parents=True, exist_ok=True)
+        if self.rank == 0:
+            write_text(config.toml(), self.out / "train.toml")
+        if config.batch_conversations < self.world:
+            raise InvalidArgumentError(f"batch_conversations ({config.batch_conversations}) must be >= the number "
+                                       f"of processes ({self.world})")
+        self.device = self._device()
+        target = load_target(config.model, "float32", self.device)
+        self.train_set = FeatureSet(Path(config.train_dir))
+        if self.train_set.manifest["model"] != config.model:
+            raise InvalidArgumentError(f"{config.train_dir} holds features of {self.train_set.manifest['model']}, "
+                                       f"not {config.model}")
+        self.heldout = FeatureSet(Path(config.heldout_dir)) if config.heldout_dir else None
+        self.head = self._head(target)
+        self.model = None  # the DistributedDataParallel wrapper under torchrun
+        if self.distributed:
+            ids = [self.device] if self.device.type == "cuda" else None
+            self.model = torch.nn.parallel.DistributedDataParallel(Unrolled(self.head), device_ids=ids)
+        self.params = [p for p in self.head.parameters() if p.requires_grad]
+        self.optimizer = torch.optim.AdamW(self.params, lr=config.lr, betas=config.betas,
+                                           weight_decay=config.weight_decay)
+        self.per_epoch = len(self.train_set) // config.batch_conversations
+        if self.per_epoch == 0:
+            raise InvalidArgumentError(f"{len(self.train_set)} conversations make no batch of "
+                                       f"{config.batch_conversations}")
+        self.scheduler = torch.optim.lr_scheduler.LambdaLR(self.optimizer,
+                                                           _schedule(config, self.per_epoch * config.epochs))
+        self.state = State()
+        self.autocast = config.autocast and (self.device.type == "cuda" or torch.ops.mkldnn._is_mkldnn_bf16_supported())
+        self.checkpoint = self.out / "checkpoint.pt"
+        self._resume()
+        self.started, self.base_seconds, self.wall_start = work_seconds(self.device), self.state.seconds, time.monotonic()
 
-    def training_seconds() -> float:  # what a time budget counts: evaluations excluded
-        return elapsed() - state.evaluating
+    def _device(self) -> torch.device:
+        device = torch.device(self.config.device)
+        if device.type == "cuda":
+            if not torch.cuda.is_available():
+                raise InvalidArgumentError("--device cuda: no CUDA device here (or torch is a CPU build); use --device cpu")
+            device = torch.device("cuda", int(os.environ.get("LOCAL_RANK", "0")))
+            torch.cuda.set_device(device)
+        return device
 
-    def save() -> None:
-        state.seconds = elapsed()
-        if rank == 0:
-            _atomic_save({"config": asdict(config), "head": head.state_dict(), "optimizer": optimizer.state_dict(),
-                          "scheduler": scheduler.state_dict(), "state": asdict(state)}, checkpoint)
+    def _head(self, target) -> DraftHead:
+        """The head to train: new, from the target's last layer, or continued from --init's."""
+        config = self.config
+        start = None if config.init in ("random", "target-last-layer") else load_head(config.init, target)
+        if start is not None:
+            if start.head_type != config.head_type:
+                raise InvalidArgumentError(f"--init {config.init} is an {start.head_type} head; this run trains an "
+                                           f"{config.head_type} head: make them agree")
+            if config.draft_vocab and start.head_type == "eagle3":
+                raise InvalidArgumentError(f"--init {config.init} is an EAGLE-3 head, whose LM head is trained over "
+                                           f"its own {start.vocab_size} draft tokens: continue it with --draft-vocab 0")
+            if start.head_type == "medusa" and len(start.heads) != config.medusa_heads:
+                raise InvalidArgumentError(f"--init {config.init} has {len(start.heads)} Medusa heads; give "
+                                           f"--medusa-heads {len(start.heads)}")
+        # EAGLE-1 and Medusa heads draft through the target's own LM head, so a continued one's weights
+        # carry over to a vocabulary picked anew from this run's data
+        vocab = draft_vocabulary(self.train_set, config.draft_vocab) if config.draft_vocab else \
+            (start.draft_vocab if start is not None else None)
+        torch.manual_seed(config.seed)
+        if config.aux_layers:
+            check_aux_layers(config.aux_layers, target.model.config.num_layers)
+        head = make_head(target.model.config, config.head_type, num_layers=config.num_layers,
+                         input_variant=config.input_variant,
+                         aux_layers=config.aux_layers or (start.reads if start else None) or None,
+                         draft_vocab_size=len(vocab) if vocab is not None else None,
+                         medusa_heads=config.medusa_heads).attach(target.model, vocab)
+        for folder, features in ((config.train_dir, self.train_set), (config.heldout_dir, self.heldout)):
+            extracted = tuple(features.manifest.get("aux_layers", ())) if features else head.reads
+            if head.reads and head.reads != extracted:
+                raise InvalidArgumentError(
+                    f"{folder} holds the hidden states of target layers {list(extracted)}, but this EAGLE-3 head "
+                    f"reads {list(head.reads)}: extract with --aux-layers {','.join(map(str, head.reads))} (or "
+                    "train with the layers extracted)")
+        if start is not None:
+            try:
+                head.load_state_dict(start.state_dict())
+            except RuntimeError:
+                raise InvalidArgumentError(f"the head at {config.init} has other shapes or layers than this run's "
+                                           "head (--layers, --aux-layers): make them agree") from None
+        elif config.init == "target-last-layer" or config.head_type == "eagle3":
+            head.init_from_target(target.model)
+        return head
 
-    def budget_step() -> tuple[float, bool]:
+    def _resume(self) -> None:
+        if not self.checkpoint.is_file():
+            return
+        saved = torch.load(self.checkpoint, weights_only=False, map_location=self.device)
+        if not self.config.same_run(saved["config"]):
+            raise InvalidArgumentError(f"{self.checkpoint} was made with other settings: use another --out folder")
+        self.head.load_state_dict(saved["head"])
+        self.optimizer.load_state_dict(saved["optimizer"])
+        self.scheduler.load_state_dict(saved["scheduler"])
+        self.state = State(**saved["state"])
+        self.log(f"resuming at epoch {self.state.epoch + 1}, step {self.state.step}")
+
+    def elapsed(self) -> float:
+        return self.base_seconds + work_seconds(self.device) - self.started
+
+    def training_seconds(self) -> float:
+        """What a time budget counts: evaluations excluded."""
+        return self.elapsed() - self.state.evaluating
+
+    def save(self) -> None:
+        self.state.seconds = self.elapsed()
+        if self.rank == 0:
+            _atomic_save({"config": asdict(self.config), "head": self.head.state_dict(),
+                          "optimizer": self.optimizer.state_dict(), "scheduler": self.scheduler.state_dict(),
+                          "state": asdict(self.state)}, self.checkpoint)
+
+    def budget_step(self) -> tuple[float, bool]:
         """With a time budget: the lr of the coming step (warmup by steps, then linear decay to 0
         at the budget) and whether the budget is spent; rank 0 decides for all."""
-        warm = min(1.0, (state.step + 1) / config.warmup_steps) if config.warmup_steps else 1.0
-        left = 1 - training_seconds() / (config.budget_minutes * 60)
+        config = self.config
+        warm = min(1.0, (self.state.step + 1) / config.warmup_steps) if config.warmup_steps else 1.0
+        left = 1 - self.training_seconds() / (config.budget_minutes * 60)
         decision = torch.tensor([config.lr * warm * max(left, 0.0), float(left <= 0)], dtype=torch.float64)
-        if distributed:
+        if self.distributed:
             dist.broadcast(decision, 0)
         return float(decision[0]), bool(decision[1])
 
-    started, base_seconds, wall_start = work_seconds(device), state.seconds, time.monotonic()
-    bar = tqdm(total=per_epoch * config.epochs, initial=state.step, unit="step", desc="training",
-               disable=rank != 0)
-    try:
-        while state.epoch < config.epochs and not state.finished:
-            order = torch.randperm(len(train_set), generator=torch.Generator().manual_seed(config.seed + state.epoch))
-            spent = False
-            while state.batch < per_epoch:
-                if config.budget_minutes:
-                    lr, spent = budget_step()
-                    if spent:
-                        break
-                    for group in optimizer.param_groups:
-                        group["lr"] = lr
-                lr = optimizer.param_groups[0]["lr"]
-                ids = order[state.batch * config.batch_conversations:(state.batch + 1) * config.batch_conversations]
-                samples = [train_set[int(i)] for i in ids]
-                total = sum(int(s["loss_mask"][1:].sum()) for s in samples)
-                loss_sum, hits = 0.0, 0
-                for n, (i, sample) in enumerate(list(zip(ids.tolist(), samples))[rank::world]):
-                    last = n == len(samples[rank::world]) - 1
-                    # the noise of a conversation depends on (seed, epoch, conversation) only, so
-                    # resuming and any number of processes draw the same noise
-                    noise = torch.Generator().manual_seed((config.seed * 1000 + state.epoch) * 10_000_000 + i)
-                    with model.no_sync() if distributed and not last else nullcontext():
-                        loss, _, hit = conversation_loss(head, sample, config, noise, autocast, model)
-                        (loss * world / max(total, 1)).backward()
-                    loss_sum += loss.item()
-                    hits += hit
-                grad_norm = torch.nn.utils.clip_grad_norm_(params, config.grad_clip)
-                optimizer.step()
-                optimizer.zero_grad(set_to_none=True)
-                scheduler.step()
-                stats = torch.tensor([loss_sum, hits])
-                if distributed:
-                    dist.all_reduce(stats)
-                state.step += 1
-                state.batch += 1
-                state.history.append({"step": state.step, "loss": float(stats[0]) / max(total, 1),
-                                      "top1": float(stats[1]) / max(total, 1), "grad_norm": float(grad_norm),
-                                      "lr": lr})
-                bar.update(1)
-                bar.set_postfix(loss=f"{state.history[-1]['loss']:.3f}", top1=f"{state.history[-1]['top1']:.3f}")
-                if state.step % config.checkpoint_every == 0:
-                    save()
-                out_of_time = config.max_minutes and time.monotonic() - wall_start > config.max_minutes * 60
-                if out_of_time or (config.max_steps and state.step >= config.max_steps):
-                    save()
-                    log(f"stopped at step {state.step}; run the same command again to resume")
-                    return state
-            if spent and state.batch == 0:  # the budget ran out with the last epoch, evaluated already
-                state.finished = True
-                save()
-                break
-            # the epoch (or the budget's last part of one) counts as done once evaluated: an
-            # interrupted evaluation runs again on resume
-            if heldout is not None and rank == 0:
-                limit = len(heldout) if config.eval_limit is None else min(config.eval_limit, len(heldout))
-                head.eval()
-                before, trained = elapsed(), training_seconds()
-                result = evaluate(head, (heldout[i] for i in range(limit)))
-                head.train()
-                state.evals.append({"epoch": state.epoch + 1, "step": state.step, **result})
-                state.eval_seconds.append(round(trained, 1))
-                state.evaluating += elapsed() - before
-                log(f"epoch {state.epoch + 1}: held-out alpha " + ", ".join(f"{a:.3f}" for a in result["alpha"]))
-            state.epoch += 1
-            state.batch = 0
-            state.finished = spent
-            if rank == 0:
-                split = {k: train_set.manifest[k] for k in ("source", "max_len", "heldout_fraction", "seed")}
-                record = {"split": split, "train": asdict(config), "evals": state.evals,
-                          "eval_seconds": state.eval_seconds,
-                          "train_conversations": len(train_set), "train_seconds": round(elapsed()),
-                          "feature_seconds": round(train_set.seconds, 1)}
-                save_head(head, out / "head", config.model, record)
-                if available("matplotlib"):
-                    plot_curves(state, out / "curves.png")
-                else:
-                    log("curves.png not drawn (no matplotlib): pip install 'eaglespec[bench]' to draw it")
-            save()
-    except KeyboardInterrupt:
-        save()  # the last completed step
-        log(f"interrupted: saved step {state.step} to {checkpoint}; run the same command to resume")
-        raise
-    finally:
-        bar.close()
-    return state
+    def run(self) -> State:
+        config, state = self.config, self.state
+        bar = tqdm(total=self.per_epoch * config.epochs, initial=state.step, unit="step", desc="training",
+                   disable=self.rank != 0)
+        try:
+            while state.epoch < config.epochs and not state.finished:
+                order = torch.randperm(len(self.train_set),
+                                       generator=torch.Generator().manual_seed(config.seed + state.epoch))
+                spent = False
+                while state.batch < self.per_epoch:
+                    if config.budget_minutes:
+                        lr, spent = self.budget_step()
+                        if spent:
+                            break
+                        for group in self.optimizer.param_groups:
+                            group["lr"] = lr
+                    self.step(order)
+                    bar.update(1)
+                    bar.set_postfix(loss=f"{state.history[-1]['loss']:.3f}", top1=f"{state.history[-1]['top1']:.3f}")
+                    if state.step % config.checkpoint_every == 0:
+                        self.save()
+                    out_of_time = config.max_minutes and time.monotonic() - self.wall_start > config.max_minutes * 60
+                    if out_of_time or (config.max_steps and state.step >= config.max_steps):
+                        self.save()
+                        self.log(f"stopped at step {state.step}; run the same command again to resume")
+                        return state
+                if spent and state.batch == 0:  # the budget ran out with the last epoch, evaluated already
+                    state.finished = True
+                    self.save()
+                    break
+                self.end_epoch(spent)
+        except KeyboardInterrupt:
+            self.save()  # the last completed step
+            self.log(f"interrupted: saved step {state.step} to {self.checkpoint}; run the same command to resume")
+            raise
+        finally:
+            bar.close()
+        return state
+
+    def step(self, order: torch.Tensor) -> None:
+        """One optimizer step over the epoch's next batch of conversations (this rank's share of it)."""
+        config, state, rank, world = self.config, self.state, self.rank, self.world
+        lr = self.optimizer.param_groups[0]["lr"]
+        ids = order[state.batch * config.batch_conversations:(state.batch + 1) * config.batch_conversations]
+        samples = [self.train_set[int(i)] for i in ids]
+        total = sum(int(s["loss_mask"][1:].sum()) for s in samples)
+        loss_sum, hits = 0.0, 0
+        for n, (i, sample) in enumerate(list(zip(ids.tolist(), samples))[rank::world]):
+            last = n == len(samples[rank::world]) - 1
+            # the noise of a conversation depends on (seed, epoch, conversation) only, so resuming and
+            # any number of processes draw the same noise
+            noise = torch.Generator().manual_seed((config.seed * 1000 + state.epoch) * 10_000_000 + i)
+            with self.model.no_sync() if self.distributed and not last else nullcontext():
+                loss, _, hit = conversation_loss(self.head, sample, config, noise, self.autocast, self.model)
+                (loss * world / max(total, 1)).backward()
+            loss_sum += loss.item()
+            hits += hit
+        grad_norm = torch.nn.utils.clip_grad_norm_(self.params, config.grad_clip)
+        self.optimizer.step()
+        self.optimizer.zero_grad(set_to_none=True)
+        self.scheduler.step()
+        stats = torch.tensor([loss_sum, hits])
+        if self.distributed:
+            dist.all_reduce(stats)
+        state.step += 1
+        state.batch += 1
+        state.history.append({"step": state.step, "loss": float(stats[0]) / max(total, 1),
+                              "top1": float(stats[1]) / max(total, 1), "grad_norm": float(grad_norm), "lr": lr})
+
+    def end_epoch(self, spent: bool) -> None:
+        """The epoch (or the budget's last part of one) counts as done once evaluated, the head
+        written and the checkpoint saved: an interrupted evaluation runs again on resume."""
+        config, state = self.config, self.state
+        if self.heldout is not None and self.rank == 0:
+            limit = len(self.heldout) if config.eval_limit is None else min(config.eval_limit, len(self.heldout))
+            self.head.eval()
+            before, trained = self.elapsed(), self.training_seconds()
+            result = evaluate(self.head, (self.heldout[i] for i in range(limit)))
+            self.head.train()
+            state.evals.append({"epoch": state.epoch + 1, "step": state.step, **result})
+            state.eval_seconds.append(round(trained, 1))
+            state.evaluating += self.elapsed() - before
+            self.log(f"epoch {state.epoch + 1}: held-out alpha " + ", ".join(f"{a:.3f}" for a in result["alpha"]))
+        state.epoch += 1
+        state.batch = 0
+        state.finished = spent
+        if self.rank == 0:
+            split = {k: self.train_set.manifest[k] for k in ("source", "max_len", "heldout_fraction", "seed")}
+            record = {"split": split, "train": asdict(config), "evals": state.evals,
+                      "eval_seconds": state.eval_seconds, "train_conversations": len(self.train_set),
+                      "train_seconds": round(self.elapsed()), "feature_seconds": round(self.train_set.seconds, 1)}
+            save_head(self.head, self.out / "head", config.model, record)
+            if available("matplotlib"):
+                plot_curves(state, self.out / "curves.png")
+            else:
+                self.log("curves.png not drawn (no matplotlib): pip install 'eaglespec[bench]' to draw it")
+        self.save()
 
 
 def plot_curves(state: State, path: Path) -> None:
