@@ -43,6 +43,12 @@ class MethodsOption(click.Option):
             self.help = template
 
 
+def model_option(what: str = "The target", required: bool = False):
+    """--model, as every command takes it."""
+    return click.option("--model", "model_spec", required=required, default=None if required else DEFAULT_MODEL,
+                        show_default=not required, help=f"{what}: bundled model name, Hugging Face folder, or .gguf file.")
+
+
 weights_option = click.option(
     "--weights", type=click.Choice(["dense", "int8", "int4"]), default="dense", show_default=True,
     help="Target weight format: dense (--dtype), or int8 / int4 weight-only quantized matrices, kept quantized "
@@ -86,8 +92,7 @@ def fetch(name: str) -> None:
 
 
 @main.command()
-@click.option("--model", "model_spec", default=DEFAULT_MODEL, show_default=True,
-              help="Bundled model name, Hugging Face folder, or .gguf file.")
+@model_option()
 @click.option("--prompt", required=True, help="The prompt text.")
 @click.option("--chat", is_flag=True, help="Render the prompt with the model's chat template as one user turn.")
 @click.option("--max-new-tokens", default=128, show_default=True, type=int)
@@ -205,7 +210,7 @@ def _world() -> tuple[int, int]:
 
 
 @main.command("show-data")
-@click.option("--model", "model_spec", default=DEFAULT_MODEL, show_default=True)
+@model_option()
 @click.option("--data", default="sharegpt", show_default=True,
               help="'sharegpt', a .json/.jsonl(.gz)/.txt file or a folder of part-*.jsonl.gz shards.")
 @click.option("--index", default=0, show_default=True, help="Which conversation to show.")
@@ -227,7 +232,7 @@ def show_data(model_spec: str, data: str, index: int) -> None:
 
 
 @main.command()
-@click.option("--model", "model_spec", required=True)
+@model_option(required=True)
 @click.option("--data", default="sharegpt", show_default=True,
               help="'sharegpt', a .json/.jsonl(.gz)/.txt file or a folder of part-*.jsonl.gz shards; several "
                    "sources mix by weight: sharegpt:1,data/regenerated/MODEL:1.")
@@ -273,7 +278,7 @@ def extract(model_spec, data, split, limit, skip, max_len, answer_tokens, heldou
 
 
 @main.command()
-@click.option("--model", "model_spec", required=True)
+@model_option(required=True)
 @click.option("--data", default="sharegpt", show_default=True, help="Prompts: 'sharegpt' or a dataset file/folder.")
 @click.option("--split", type=click.Choice(["train", "heldout"]), default="train", show_default=True)
 @click.option("--limit", type=int, default=None, help="Conversations to take from the split (default: all).")
@@ -383,7 +388,7 @@ def train(config_file: str | None, threads: int | None, **given) -> None:
 
 
 @main.command("eval-head")
-@click.option("--model", "model_spec", default=DEFAULT_MODEL, show_default=True)
+@model_option()
 @click.option("--head", "head_spec", default="default", show_default=True, help="Head folder or 'default'.")
 @click.option("--limit", default=50, show_default=True, help="Held-out conversations to score.")
 @click.option("--data", default=None,
@@ -413,8 +418,7 @@ def eval_head(model_spec, head_spec, limit, data, answer_tokens, depth, dtype, t
 
 
 @main.command()
-@click.option("--model", "model_spec", default=DEFAULT_MODEL, show_default=True,
-              help="The head's target: bundled model name, Hugging Face folder, or .gguf file.")
+@model_option("The head's target")
 @click.option("--head", "head_spec", default="default", show_default=True,
               help="Head folder (ours, or an engine's layout) or 'default' for the one we ship for the model.")
 @click.option("--format", "fmt", required=True,
@@ -436,7 +440,7 @@ def export(model_spec: str, head_spec: str, fmt: str, out: str, force: bool) -> 
 
 
 @main.command()
-@click.option("--model", "model_spec", default=DEFAULT_MODEL, show_default=True)
+@model_option()
 @click.option("--head", "head_spec", default="default", show_default=True,
               help="EAGLE head for the eagle methods: a folder or 'default'.")
 @click.option("--medusa-head", "medusa_spec", default="default", show_default=True,
@@ -530,8 +534,7 @@ def suite(suite_file, out, only, list_only) -> None:
 
 
 @main.command()
-@click.option("--model", "model_spec", default=DEFAULT_MODEL, show_default=True,
-              help="Bundled model name, Hugging Face folder, or .gguf file.")
+@model_option()
 @click.option("--head", "head_spec", default="default", show_default=True,
               help="EAGLE head: a folder from `eaglespec train`, or 'default' for the one we ship for the model.")
 @click.option("--method", default=None, cls=MethodsOption,
