@@ -16,10 +16,30 @@ REAL_MODEL_FIXTURES = {"smollm2", "smollm2_hf", "shipped", "random_medusa", "smo
 
 def pytest_collection_modifyitems(items):
     """Every test that loads a bundled model, itself or through a fixture, is `slow`: the fast
-    tier (`pytest -m "not slow"`, run first by scripts/test.sh) is what runs without one."""
+    tier (`pytest -m "not slow"`, run first by scripts/test.sh) is what runs without one. Tests that
+    load one by name are marked by hand, and `no_bundled_model_in_the_fast_tier` holds them to it."""
     for item in items:
         if REAL_MODEL_FIXTURES & set(getattr(item, "fixturenames", ())):
             item.add_marker(pytest.mark.slow)
+
+
+@pytest.fixture(autouse=True)
+def no_bundled_model_in_the_fast_tier(request, monkeypatch):
+    """In a run that leaves out the slow tests, a test that loads a bundled model fails, naming the
+    marker it lacks (a load in this process; tests that start `eaglespec` processes are marked by hand)."""
+    if "not slow" not in (request.config.getoption("markexpr") or "") or request.node.get_closest_marker("slow"):
+        return
+    from eaglespec.models import load
+    from eaglespec.models.registry import BUNDLED
+
+    resolve = load.resolve
+
+    def guarded(spec):
+        if spec in BUNDLED:
+            pytest.fail(f"{request.node.nodeid} loads the bundled model {spec}: mark it @pytest.mark.slow")
+        return resolve(spec)
+
+    monkeypatch.setattr(load, "resolve", guarded)
 
 
 TINY = dict(vocab_size=97, hidden_size=64, intermediate_size=96, num_hidden_layers=3,

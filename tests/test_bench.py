@@ -58,6 +58,7 @@ def other_tokenizer_folder(tmp_path_factory, smollm2):
     return folder
 
 
+@pytest.mark.slow  # loads the bundled model
 def test_bench_every_kind_of_method(tmp_path, monkeypatch):
     monkeypatch.setenv("TQDM_DISABLE", "1")
     prompts = tmp_path / "prompts.jsonl"
@@ -85,6 +86,7 @@ def test_bench_every_kind_of_method(tmp_path, monkeypatch):
     assert markdown(r) in result.output
 
 
+@pytest.mark.slow  # loads the bundled model
 def test_bench_in_batches(tmp_path, monkeypatch):
     """Three items in batches of 2 (the second batch one item): the batches' turns in step, each
     row's tokens those of the same item decoded alone (fp32)."""
@@ -115,7 +117,8 @@ def test_bench_in_batches(tmp_path, monkeypatch):
     (["--batch-size", "2", "--methods", "vanilla,hf"], "hf decode one prompt at a time here"),
     (["--dataset", "gsm8k"], "unknown dataset"),
     (["--methods", "vanilla,jacobi"], "unknown method 'jacobi'"),
-    (["--methods", "medusa", "--medusa-head", "/nonexistent-medusa-head"], "no head at '/nonexistent-medusa-head'"),
+    pytest.param(["--methods", "medusa", "--medusa-head", "/nonexistent-medusa-head"], "no head at '/nonexistent-medusa-head'",
+                 marks=pytest.mark.slow),  # refused once the target is loaded
     (["--methods", "sps:3"], "needs a draft model"),
     (["--methods", "hf-assisted"], "needs a draft model"),
     (["--methods", "llama.cpp-draft"], "needs a draft model"),

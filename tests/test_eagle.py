@@ -53,6 +53,7 @@ def test_tree_mask_and_pruning():
     assert tree.prune(10, 10) is tree
 
 
+@pytest.mark.slow  # loads the bundled model
 def test_cli_eagle(monkeypatch):
     monkeypatch.setenv("TQDM_DISABLE", "1")
     result = CliRunner().invoke(main, ["generate", "--prompt", "Say hello.", "--chat", "--method", "eagle",
@@ -79,6 +80,7 @@ def test_a_head_for_another_target_is_refused(tiny_target_folder):
     assert result.exit_code == 1 and "fits a llama model with hidden size 576" in result.output
 
 
+@pytest.mark.slow  # loads the bundled model
 def test_python_api():
     import eaglespec
 

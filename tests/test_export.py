@@ -148,6 +148,7 @@ def test_an_import_names_missing_extra_and_misshaped_tensors(targets, tmp_path):
             load_head(str(tmp_path / "theirs"), llama)
 
 
+@pytest.mark.slow  # loads the bundled model
 def test_the_export_command(tmp_path):
     out = tmp_path / "sglang-head"
     result = CliRunner().invoke(main, ["export", "--format", "nope", "--out", str(out)])

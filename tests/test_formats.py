@@ -73,11 +73,13 @@ def load(dtype: str, weights: str):
     return load_target("smollm2-135m-instruct", dtype, weights=weights)
 
 
+@pytest.mark.slow  # loads the bundled model
 @pytest.mark.parametrize("dtype", ["bfloat16", "float32"])
 def test_the_bundled_gguf_runs_its_own_4_bit_weights(dtype):
     assert load(dtype, "int4").weights["int4_groups_exact"] == 1.0  # every Q4_1 group recovered bit for bit
 
 
+@pytest.mark.slow  # loads the bundled model
 @pytest.mark.parametrize("dtype, weights", [*FORMATS, ("float32", "dense")], ids=lambda v: v)
 def test_tree_rows_equal_one_token_decoding_at_full_size(dtype, weights):
     """The bit-for-bit row invariance of test_decoder.py on the real model: a 23-node tree (rows
@@ -110,6 +112,7 @@ def test_tree_rows_equal_one_token_decoding_at_full_size(dtype, weights):
     assert checked == set(range(len(parents)))
 
 
+@pytest.mark.slow  # loads the bundled model
 @pytest.mark.parametrize("spec", ["eagle:auto", "pld:4"])
 @pytest.mark.parametrize("dtype, weights", FORMATS, ids=lambda v: v)  # fp32 dense: test_methods.py
 def test_greedy_equals_vanilla_in_every_format(dtype, weights, spec):
@@ -121,6 +124,7 @@ def test_greedy_equals_vanilla_in_every_format(dtype, weights, spec):
         assert out.token_ids == vanilla.token_ids
 
 
+@pytest.mark.slow  # loads the bundled model
 @pytest.mark.parametrize("weights", ["int8", "int4"])
 def test_a_quantized_target_gets_an_int8_head_that_drafts_as_the_dense_one(weights):
     """Beside int8/int4 targets the head's matrices are int8 too (none left dense); on the same

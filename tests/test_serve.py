@@ -264,6 +264,7 @@ def test_disconnect_cancels(model):
         assert app.state.engine.metrics.requests.get("cancelled") == 1
 
 
+@pytest.mark.slow  # loads the bundled model
 def test_cli(tmp_path):
     """`eaglespec serve` itself: bad options fail before loading, a request is answered, SIGTERM
     stops it cleanly (`cli_server`), and a port already taken fails with one line."""

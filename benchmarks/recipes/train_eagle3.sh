@@ -8,10 +8,11 @@
 # the target's own answers and human ShareGPT ones, two to one, cut at 192 tokens (features in bf16,
 # the held-out ones in fp32). BUDGET minutes of training (CPU minutes per thread; default 780, so that
 # with its extraction the head costs at least the 13.5 CPU hours behind the shipped EAGLE-1 head; the
-# learning rate decays to 0 at it). Resumable across sessions: run it again with the same BUDGET
-# after an interruption (a finished run returns at once); another BUDGET is another run, in its own
-# folder, from the start (the features are shared). Its config, eval and curves go to
-# benchmarks/results/heads/eagle3-MODEL/.
+# learning rate decays to 0 at it; about 13 hours of a 2-core machine, with 2.97M tokens to extract
+# first). Resumable where its cache survives (features and checkpoints are in ~/.cache/eaglespec): run
+# it again with the same BUDGET after an interruption (a finished run returns at once); another BUDGET
+# is another run, in its own folder, from the start (the features are shared). Its config, eval and
+# curves go to benchmarks/results/heads/eagle3-MODEL/.
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 MODEL=${1:?usage: train_eagle3.sh MODEL}
