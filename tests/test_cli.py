@@ -122,3 +122,9 @@ def test_gguf_file_is_converted_once_and_matches_the_bundled_model(tmp_path, mon
     assert json.loads(out)["token_ids"] == generate(smollm2, ids, max_new_tokens=12).token_ids
     mtime = (converted[0] / "model.safetensors").stat().st_mtime
     assert run(*args)[0] == 0 and (converted[0] / "model.safetensors").stat().st_mtime == mtime  # reused
+
+
+@pytest.mark.parametrize("command", ["extract", "regenerate"])
+def test_a_command_whose_model_is_required_says_so(command, tmp_path):
+    result = CliRunner().invoke(main, [command, "--out", str(tmp_path / "out")])
+    assert result.exit_code == 2 and "Missing option '--model'" in result.output

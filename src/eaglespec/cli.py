@@ -45,8 +45,9 @@ class MethodsOption(click.Option):
 
 def model_option(what: str = "The target", required: bool = False):
     """--model, as every command takes it."""
-    return click.option("--model", "model_spec", required=required, default=None if required else DEFAULT_MODEL,
-                        show_default=not required, help=f"{what}: bundled model name, Hugging Face folder, or .gguf file.")
+    default = {"required": True} if required else {"default": DEFAULT_MODEL, "show_default": True}
+    return click.option("--model", "model_spec", **default,
+                        help=f"{what}: bundled model name, Hugging Face folder, or .gguf file.")
 
 
 weights_option = click.option(
@@ -184,12 +185,12 @@ def _timing(out) -> str:
             f"tokens/s, tau {out.tau:.2f}, {out.target_forwards} target forwards, finish: {out.finish_reason}")
 
 
-def _aux_list(spec: str) -> tuple[int, ...]:
-    """--aux-layers as given: '' (none) or comma-separated layer indices."""
+def _tuple_setting(name: str, value: str, kind: type) -> tuple:
+    """A tuple setting given on the command line as comma-separated values."""
     try:
-        return tuple(int(x) for x in spec.split(",")) if spec else ()
+        return tuple(kind(x) for x in value.split(",")) if value else ()
     except ValueError:
-        raise EaglespecError(f"--aux-layers '{spec}': give three layer indices like 2,15,27") from None
+        raise EaglespecError(f"--{name.replace('_', '-')} '{value}': give comma-separated numbers") from None
 
 
 def _aux_layers(spec: str, num_layers: int) -> tuple[int, ...]:
@@ -198,7 +199,7 @@ def _aux_layers(spec: str, num_layers: int) -> tuple[int, ...]:
 
     if spec == "eagle3":
         return default_aux_layers(num_layers)
-    layers = _aux_list(spec)
+    layers = _tuple_setting("aux_layers", spec, int)
     if layers:
         check_aux_layers(layers, num_layers)
     return layers
@@ -345,14 +346,6 @@ def config_options(config_cls):
             command = click.option(decl, f.name, default=None, type=kind, help=helped, **meta)(command)
         return command
     return decorate
-
-
-def _tuple_setting(name: str, value: str, kind: type) -> tuple:
-    """A tuple setting given on the command line as comma-separated values."""
-    try:
-        return tuple(kind(x) for x in value.split(",")) if value else ()
-    except ValueError:
-        raise EaglespecError(f"--{name.replace('_', '-')} '{value}': give comma-separated numbers") from None
 
 
 @main.command()
