@@ -2,7 +2,7 @@
 
 import pytest
 import torch
-from conftest import tiny_pair
+from conftest import CONFIGS, tiny_pair
 
 from eaglespec.models.decoder import Decoder, causal_mask
 
@@ -10,19 +10,7 @@ def full_forward(model: Decoder, tokens: torch.Tensor) -> tuple[torch.Tensor, to
     return model(tokens, model.new_cache(tokens.shape[1]))
 
 
-@pytest.mark.parametrize("family", ["llama", "qwen2", "mistral"])
-def test_tiny_logits_match_transformers(family):
-    hf, ours = tiny_pair(family)
-    tokens = torch.randint(0, 97, (1, 24), generator=torch.Generator().manual_seed(1))
-    with torch.inference_mode():
-        ref = hf(tokens).logits
-        logits, features = full_forward(ours, tokens)
-        hidden = hf(tokens, output_hidden_states=True).hidden_states[-1]
-    assert (logits - ref).abs().max() < 1e-4
-    assert (features - hidden).abs().max() < 1e-4  # the feature is the post-norm hidden state
-
-
-@pytest.mark.parametrize("family", ["llama", "qwen2", "mistral"])
+@pytest.mark.parametrize("family", list(CONFIGS))
 def test_incremental_decoding_matches_full_forward(family):
     """Prefill, then one token at a time, then a chunk: the cache must reproduce the full pass."""
     _, ours = tiny_pair(family)
@@ -74,7 +62,7 @@ def tree_inputs(parents: list[int], start: int) -> tuple[torch.Tensor, torch.Ten
     return (start + depth).unsqueeze(0), mask
 
 
-@pytest.mark.parametrize("family", ["llama", "qwen2", "mistral"])
+@pytest.mark.parametrize("family", list(CONFIGS))
 def test_tree_forward_equals_each_path(family):
     _, ours = tiny_pair(family)
     g = torch.Generator().manual_seed(3)
@@ -93,7 +81,7 @@ def test_tree_forward_equals_each_path(family):
 
 @pytest.mark.parametrize("weights", ["dense", "int8", "int4"])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-@pytest.mark.parametrize("family", ["llama", "qwen2", "mistral"])
+@pytest.mark.parametrize("family", list(CONFIGS))
 def test_a_tree_row_gets_the_numbers_of_one_token_decoding(family, dtype, weights):
     """Bit for bit, in every dtype and weight format: a node verified inside a tree (beside other
     rows, with masked keys) gets exactly the logits that decoding its path one token at a time
@@ -134,7 +122,7 @@ def test_tree_forward_on_smollm2(smollm2):
             assert (tree_logits[:, path] - logits[:, start:]).abs().max() < 1e-3
 
 
-@pytest.mark.parametrize("family", ["llama", "qwen2", "mistral"])
+@pytest.mark.parametrize("family", list(CONFIGS))
 def test_compaction_equals_recomputed_cache(family):
     """Keep one root-to-leaf path of a verified tree; the cache then equals a fresh prefill."""
     _, ours = tiny_pair(family)
@@ -179,13 +167,14 @@ def test_packed_bf16_weights_give_the_same_logits():
         cache = ours.new_cache(12)
         ours(tokens[:, :11], cache)
         step, _ = ours(tokens[:, 11:], cache)
-    assert (packed - plain).abs().max() < 1e-2
-    assert (step[:, 0] - plain[:, -1]).abs().max() < 1e-2
+    scale = plain.abs().max()  # a few bf16 roundings of the largest logit
+    assert (packed - plain).abs().max() < 1e-2 * scale
+    assert (step[:, 0] - plain[:, -1]).abs().max() < 1e-2 * scale
 
 
 @pytest.mark.parametrize("weights", ["dense", "int8", "int4"])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-@pytest.mark.parametrize("family", ["llama", "qwen2", "mistral"])
+@pytest.mark.parametrize("family", list(CONFIGS))
 def test_the_cpp_layer_stack_equals_the_python_layers(family, dtype, weights):
     """kernels.LayerStack runs the same operations as the Python layers: the same bits for a
     prefill, one-token steps and a tree, with the captured hidden states an EAGLE-3 head reads."""
@@ -195,7 +184,7 @@ def test_the_cpp_layer_stack_equals_the_python_layers(family, dtype, weights):
     quantize(ours, weights, dtype)
     ours.pack_weights()
     if ours.layer_stack() is None:
-        pytest.skip("this configuration runs the Python layers (no C++ kernels, or oneDNN-packed weights)")
+        pytest.skip("this configuration runs the Python layers (no C++ kernels, oneDNN-packed weights, or experts)")
     g = torch.Generator().manual_seed(8)
     prefix = torch.randint(0, 97, (1, 70), generator=g)
     nodes = torch.randint(0, 97, (1, len(TREE_PARENTS)), generator=g)

@@ -187,7 +187,7 @@ def test_fused_layer_ops_compute_what_torch_computes(dtype):
         assert close(kernels.rms_norm(x, norm.weight, 1e-6), norm(x.requires_grad_()), dtype)  # eager: autograd on
     gate_up = torch.randn(2, 5, 2 * 48, generator=g).to(dtype)
     gate, up = gate_up.chunk(2, dim=-1)
-    assert close(kernels.silu_mul(gate_up), torch.nn.functional.silu(gate) * up, dtype)
+    assert close(kernels.gated(gate_up, "silu"), torch.nn.functional.silu(gate) * up, dtype)
 
     B, T, heads, kv_heads, D, start = 2, 3, 4, 2, 8, 5
     qkv = torch.randn(B, T, (heads + 2 * kv_heads) * D, generator=g).to(dtype)
@@ -216,11 +216,11 @@ def test_fused_layer_ops_give_a_row_the_same_bits_in_any_call(dtype):
     cache = lambda: (torch.zeros(1, 1, 8, 8, dtype=dtype), torch.zeros(1, 1, 8, 8, dtype=dtype))  # noqa: E731
     k_all, v_all = cache()
     q_all = kernels.rope_store(qkv, cos, sin, k_all, v_all, 0, 2, 1)
-    norm_all, silu_all = kernels.rms_norm(x, w, 1e-5), kernels.silu_mul(gate_up)
+    norm_all, silu_all = kernels.rms_norm(x, w, 1e-5), kernels.gated(gate_up, "silu")
     for t in range(7):
         one = slice(t, t + 1)
         assert torch.equal(kernels.rms_norm(x[:, one], w, 1e-5), norm_all[:, one])
-        assert torch.equal(kernels.silu_mul(gate_up[:, one]), silu_all[:, one])
+        assert torch.equal(kernels.gated(gate_up[:, one], "silu"), silu_all[:, one])
         k, v = cache()
         assert torch.equal(kernels.rope_store(qkv[:, one], cos[:, :, one], sin[:, :, one], k, v, t, 2, 1), q_all[:, :, one])
         assert torch.equal(k[:, :, t], k_all[:, :, t]) and torch.equal(v[:, :, t], v_all[:, :, t])

@@ -10,11 +10,11 @@ Medusa (a random head, auto-sized and fixed), and Lookahead decoding. Decoded to
 (`loop.Scheduler`), every row's output equals that row decoded alone, greedy or seeded sampling,
 with rows joining, leaving and cancelled between rounds."""
 
-import itertools
 from dataclasses import replace
 
 import pytest
 import torch
+from conftest import bin_of, chi_square_p_value, decode_batch, exact_bins
 
 from eaglespec.decoding.generate import generate, prompt_ids
 from eaglespec.decoding.loop import Request, Scheduler
@@ -23,7 +23,7 @@ from eaglespec.decoding.drafters.eagle import Eagle
 from eaglespec.decoding.drafters.hybrid import Hybrid
 from eaglespec.decoding.drafters.prompt_lookup import PromptLookup
 from eaglespec.decoding.drafters.prompt_lookup import PromptLookupProposer
-from eaglespec.decoding.sizing import ALONE, AutoSize, ChainSize
+from eaglespec.decoding.sizing import ChainSize
 from eaglespec.decoding.sampling import SamplingParams
 from eaglespec.errors import InvalidArgumentError
 from eaglespec.heads.head import Eagle3Head, EagleHead
@@ -41,34 +41,7 @@ METHODS = [*(f"eagle:{t}" for t in TREES), "eagle-random:eagle1", "eagle-random:
            "hybrid:lookup+suffix", "medusa-random", "medusa-random:6", "lookahead", "lookahead:W=3,N=3,G=2"]
 
 
-@pytest.fixture(autouse=True)
-def auto_drafts_every_round(monkeypatch):
-    """`auto` trees draft in every round here, and sized prompt lookup, `hybrid` and `medusa` verify
-    0, 1, 2, ... of their candidates in turn: where drafting rounds measure slower than plain ones they
-    decode plainly (a matter of the machine's timing, tested in test_eagle.py, test_hybrid.py and
-    with given costs below), and these tests must exercise the drafting path."""
-    from eaglespec.decoding.drafters import hybrid, medusa
-
-    start_round = AutoSize.start_round
-
-    def drafting(self, now, budget=ALONE):
-        start_round(self, now, budget)
-        self.drafting = True
-
-    def in_turn(self, available, budget=ALONE):
-        self.sizes.append(len(self.sizes) % (available + 1))
-        return self.sizes[-1]
-
-    rounds = itertools.count()
-
-    def nodes_in_turn(expected, costs, spent, plain=False):
-        n = next(rounds) % (len(expected) + 1)
-        return n, sum(expected[:n])
-
-    monkeypatch.setattr(AutoSize, "start_round", drafting)
-    monkeypatch.setattr(ChainSize, "size", in_turn)
-    monkeypatch.setattr(hybrid, "best_prefix", nodes_in_turn)
-    monkeypatch.setattr(medusa, "best_prefix", nodes_in_turn)
+pytestmark = pytest.mark.usefixtures("auto_drafts_every_round")
 
 
 @pytest.fixture(scope="module")
@@ -145,26 +118,6 @@ def test_greedy_equals_vanilla(smollm2, make, vanilla, spec):
         assert sum(o.new_tokens for o in outs) > sum(o.target_forwards for o in outs)
 
 
-def decode_batch(target, method, requests: list[tuple[list[int], int, SamplingParams]], max_rows: int,
-                 cancel: tuple[int, int] | None = None) -> list[list[int]]:
-    """Decode (prompt, max_new_tokens, params) requests together, at most `max_rows` at a time
-    (the rest wait and join as rows leave), in a cache with room for exactly that many; `cancel`
-    (i, r): cancel request i after round r. Returns each request's tokens."""
-    made = [Request(ids, params, n, target.eos_token_ids, method.bind(target, params) if method else None)
-            for ids, n, params in requests]
-    slots = sorted((len(ids) + n + 64 for ids, n, _ in requests), reverse=True)
-    scheduler = Scheduler(target.model, sum(slots[:max_rows]), max_rows)
-    rows = [scheduler.submit(request) for request in made]
-    rounds = 0
-    while not scheduler.idle:
-        scheduler.step()
-        rounds += 1
-        if cancel and rounds == cancel[1]:
-            scheduler.cancel(rows[cancel[0]])
-    assert scheduler.cache.length == 0 and not scheduler.cache.lengths  # every slot freed
-    return [row.tokens for row in rows]
-
-
 @pytest.mark.parametrize("spec", ["vanilla", *METHODS])
 def test_batched_rows_equal_rows_decoded_alone(smollm2, make, vanilla, spec):
     """Three prompts, two rows at a time: the third joins when the shortest leaves."""
@@ -236,48 +189,6 @@ def test_limits_end_generation_as_vanilla_does(smollm2, shipped, make, spec):
     bos = [smollm2.tokenizer.bos_token_id or 1]  # a one-token prompt
     assert generate(smollm2, bos, max_new_tokens=12, method=method).token_ids == \
         generate(smollm2, bos, max_new_tokens=12).token_ids
-
-
-def exact_bins(smollm2_hf, ids: list[int], n: int, width: int = 8) -> dict[tuple, float]:
-    """A partition of 3-token continuations with exact vanilla probabilities (transformers' model,
-    temperature 1), each bin expecting at least 5 of n samples: likely sequences (a, b, c), then
-    what is left of a likely prefix (a, b, *) and (a, *, *); the rest is everything else."""
-    with torch.no_grad():
-        p1 = torch.softmax(smollm2_hf(torch.tensor([ids])).logits[0, -1].double(), -1)
-        firsts = p1.topk(width).indices.tolist()
-        p2 = torch.softmax(smollm2_hf(torch.tensor([ids + [a] for a in firsts])).logits[:, -1].double(), -1)
-        bins = {}
-        for i, a in enumerate(firsts):
-            left_a = float(p1[a])
-            seconds = p2[i].topk(width).indices.tolist()
-            p3 = torch.softmax(smollm2_hf(torch.tensor([ids + [a, b] for b in seconds])).logits[:, -1].double(), -1)
-            for j, b in enumerate(seconds):
-                left_ab = float(p1[a] * p2[i, b])
-                for c in p3[j].topk(width).indices.tolist():
-                    if n * float(p1[a] * p2[i, b] * p3[j, c]) >= 5:
-                        bins[(a, b, c)] = float(p1[a] * p2[i, b] * p3[j, c])
-                        left_ab -= bins[(a, b, c)]
-                        left_a -= bins[(a, b, c)]
-                if n * left_ab >= 5:
-                    bins[(a, b)] = left_ab
-                    left_a -= left_ab
-            if n * left_a >= 5:
-                bins[(a,)] = left_a
-    return bins
-
-
-def bin_of(tokens: list[int], bins: dict) -> tuple | str:
-    for k in (3, 2, 1):
-        if tuple(tokens[:k]) in bins:
-            return tuple(tokens[:k])
-    return "rest"
-
-
-def chi_square_p_value(counts: list[int], probs: list[float]) -> float:
-    n = sum(counts)
-    stat = sum((c - n * p) ** 2 / (n * p) for c, p in zip(counts, probs))
-    return float(torch.special.gammaincc(torch.tensor((len(counts) - 1) / 2, dtype=torch.float64),
-                                         torch.tensor(stat / 2, dtype=torch.float64)))
 
 
 SAMPLING_PROMPT = "The best way to learn programming is practice. The best way to learn"

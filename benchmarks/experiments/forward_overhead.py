@@ -89,7 +89,7 @@ def main() -> None:
     args = p.parse_args()
     torch.set_num_threads(args.threads)
     if args.eager:  # each fused kernel declines and the C++ layer stack is off: the layers' torch path
-        kernels.rms_norm = kernels.silu_mul = kernels.rope_store = lambda *a: None
+        kernels.rms_norm = kernels.gated = kernels.rope_store = lambda *a: None
         Stack.layer_stack = lambda self: None
     report = {"benchmark": "one-token forward over a 256-token cache: whole vs overhead (a skeleton of the "
                            "same code path with tiny matrices)",

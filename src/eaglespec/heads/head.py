@@ -70,7 +70,7 @@ class DraftHead(Stack):
     drafts_with_target_lm = True  # its logits are the target's LM head's (EAGLE-1, Medusa); else its own
 
     def __init__(self, config: ModelConfig, num_layers: int, layer: type[nn.Module] = Layer):
-        super().__init__(config, num_layers, layer)
+        super().__init__(config.for_head(), num_layers, layer)
         self.draft_vocab: Tensor | None = None  # [N] target ids, None for the full vocabulary
         self.embed_weight: Tensor | None = None  # frozen, the target's
         self.target_lm: Tensor | None = None  # frozen: the target's LM head rows of the draft vocabulary
@@ -206,8 +206,9 @@ class Eagle3Layer(nn.Module):
     """EAGLE-3's decoder layer: input x = concat(embedding, hidden) [B, T, 2H]; attention reads
     both normalized, the residual stream is the hidden part."""
 
-    def __init__(self, c: ModelConfig):
+    def __init__(self, c: ModelConfig, index: int = 0):
         super().__init__()
+        self.windowed = c.windowed(index)
         self.input_norm = RMSNorm(c.hidden_size, c.rms_norm_eps)
         self.hidden_norm = RMSNorm(c.hidden_size, c.rms_norm_eps)
         self.attn = Attention(c, in_features=2 * c.hidden_size)

@@ -1,4 +1,4 @@
-"""A compact decoder for the Llama family (Llama/SmolLM2, Qwen2, Mistral) with a static KV cache.
+"""A compact decoder for the families of `models/families/` (Llama's layer and its variants) with a static KV cache.
 
 One `forward` takes new tokens with explicit positions and a boolean attention mask over
 cache + new tokens, so a whole draft tree verifies in one call. It returns the logits and the
@@ -19,6 +19,7 @@ from eaglespec.models.config import ModelConfig
 from eaglespec.models.costs import ForwardCosts
 from eaglespec.models.kernels import plain_cpu, row_attention, row_linear
 from eaglespec.models.quantize import QuantizedLinear
+from eaglespec.models.rope import frequencies
 from eaglespec.timing import Clock
 
 
@@ -38,6 +39,10 @@ class KVCache:
         self.capacity = capacity
         self.length = 0
         self.written = 0  # how many slots the last forward wrote, ending at `length`
+
+    def slot_positions(self) -> Tensor:
+        """The position of the token in each committed slot [length] (here: the slot's index)."""
+        return torch.arange(self.length, device=self.k.device)
 
     def keep(self, indices: list[int]) -> None:
         """Keep an ordered subset of the slots the last forward wrote (e.g. the accepted path)."""
@@ -149,8 +154,12 @@ class RMSNorm(nn.Module):
 
 
 def rotate(x: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
-    """Rotary embedding, half-split convention. x [B, heads, T, D]; cos, sin [B, 1, T, D]."""
-    half = x.shape[-1] // 2
+    """Rotary embedding, half-split convention, over the first R dimensions of each head (R < D:
+    partial rotary; the rest pass). x [B, heads, T, D]; cos, sin [B, 1, T, R]."""
+    R = cos.shape[-1]
+    if R < x.shape[-1]:
+        return torch.cat((rotate(x[..., :R], cos, sin), x[..., R:]), dim=-1)
+    half = R // 2
     rotated = torch.cat((-x[..., half:], x[..., :half]), dim=-1)
     return x * cos + rotated * sin
 
@@ -163,18 +172,26 @@ class Attention(nn.Module):
         q_size, kv_size = c.num_heads * c.head_dim, c.num_kv_heads * c.head_dim
         self.split = (q_size, kv_size, kv_size)
         self.qkv = Linear(in_features or c.hidden_size, q_size + 2 * kv_size, bias=c.qkv_bias)
-        self.o = Linear(q_size, c.hidden_size, bias=False)
+        self.o = Linear(q_size, c.hidden_size, bias=c.o_bias)
+        self.scale = c.attn_scale if c.attn_scale is not None else c.head_dim ** -0.5
+        if c.qk_norm:  # over each head's query and key, before RoPE
+            self.q_norm, self.k_norm = RMSNorm(c.head_dim, c.rms_norm_eps), RMSNorm(c.head_dim, c.rms_norm_eps)
 
     def forward(self, x: Tensor, cos: Tensor, sin: Tensor, k_cache: Tensor, v_cache: Tensor,
                 start: int, mask: Tensor | None) -> Tensor:
         B, T, _ = x.shape
         end = start + T
         qkv = self.qkv(x)
-        if (q := kernels.rope_store(qkv, cos, sin, k_cache, v_cache, start, self.heads, self.kv_heads)) is not None:
+        norms = (self.q_norm, self.k_norm) if hasattr(self, "q_norm") else None
+        if (q := kernels.rope_store(qkv, cos, sin, k_cache, v_cache, start, self.heads, self.kv_heads,
+                                    norms)) is not None:
             return self.o(self._attend(q, k_cache[:, :, :end], v_cache[:, :, :end], mask))
         q, k, v = qkv.split(self.split, dim=-1)
-        q = rotate(q.view(B, T, self.heads, self.head_dim).transpose(1, 2), cos, sin)
-        k = rotate(k.view(B, T, self.kv_heads, self.head_dim).transpose(1, 2), cos, sin)
+        q, k = q.view(B, T, self.heads, self.head_dim), k.view(B, T, self.kv_heads, self.head_dim)
+        if norms is not None:
+            q, k = norms[0](q), norms[1](k)
+        q = rotate(q.transpose(1, 2), cos, sin)
+        k = rotate(k.transpose(1, 2), cos, sin)
         v = v.view(B, T, self.kv_heads, self.head_dim).transpose(1, 2)
         k_cache[:, :, start:end] = k
         v_cache[:, :, start:end] = v
@@ -195,7 +212,7 @@ class Attention(nn.Module):
         """q [B, heads, T, D] against the keys and values [B, kv_heads, S, D]: [B, T, heads * D]."""
         B, _, T, D = q.shape
         if mask is None and T > 1:  # prefill of an empty cache: the same call for every method
-            y = F.scaled_dot_product_attention(q, keys, values, is_causal=True,
+            y = F.scaled_dot_product_attention(q, keys, values, is_causal=True, scale=self.scale,
                                                enable_gqa=self.heads != self.kv_heads)
         else:
             # Decoding and verification. Fold the query heads sharing a kv head into the query
@@ -203,36 +220,77 @@ class Attention(nn.Module):
             groups = self.heads // self.kv_heads
             # The kernel gives a row the numbers it gets in any other forward (see kernels.py).
             y = row_attention(q.reshape(B, self.kv_heads, groups * T, D), keys, values,
-                              mask).view(B, self.heads, T, D)
+                              mask, self.scale).view(B, self.heads, T, D)
         return y.transpose(1, 2).reshape(B, T, -1)
 
 
 class MLP(nn.Module):
-    def __init__(self, c: ModelConfig):
+    """A gated MLP: down(act(gate) * up), the activation SiLU or GELU's tanh form (GeGLU)."""
+
+    def __init__(self, c: ModelConfig, intermediate_size: int | None = None):
         super().__init__()
-        self.gate_up = Linear(c.hidden_size, 2 * c.intermediate_size, bias=False)
-        self.down = Linear(c.intermediate_size, c.hidden_size, bias=False)
+        inner = intermediate_size or c.intermediate_size
+        self.activation = c.activation
+        self.gate_up = Linear(c.hidden_size, 2 * inner, bias=False)
+        self.down = Linear(inner, c.hidden_size, bias=False)
 
     def forward(self, x: Tensor) -> Tensor:
         gate_up = self.gate_up(x)
-        if (h := kernels.silu_mul(gate_up)) is None:
+        if (h := kernels.gated(gate_up, self.activation)) is None:
             gate, up = gate_up.chunk(2, dim=-1)
-            h = F.silu(gate) * up
+            h = (F.silu(gate) if self.activation == "silu" else F.gelu(gate, approximate="tanh")) * up
         return self.down(h)
 
 
-class Layer(nn.Module):
+class Experts(nn.Module):
+    """A mixture of experts in place of the MLP (see `MoE`). A row's result depends only on that
+    row: its router scores, its experts (each a row-invariant MLP over the rows that chose it) and
+    their sum, taken in the experts' order, as transformers takes it."""
+
     def __init__(self, c: ModelConfig):
+        super().__init__()
+        m = c.moe
+        self.top_k, self.normalize = m.top_k, m.normalize
+        self.router = Linear(c.hidden_size, m.experts, bias=False)
+        self.experts = nn.ModuleList(MLP(c, m.intermediate_size) for _ in range(m.experts))
+        if m.shared_intermediate_size:
+            self.shared = MLP(c, m.shared_intermediate_size)
+            self.shared_gate = Linear(c.hidden_size, 1, bias=False)
+
+    def forward(self, x: Tensor) -> Tensor:
+        rows = x.reshape(-1, x.shape[-1])
+        weights, chosen = torch.softmax(self.router(rows).float(), dim=-1).topk(self.top_k, dim=-1)
+        if self.normalize:
+            weights = weights / weights.sum(dim=-1, keepdim=True)
+        weights = weights.to(x.dtype)
+        out = torch.zeros_like(rows)
+        for e in chosen.unique().tolist():  # ascending
+            picked, slot = (chosen == e).nonzero(as_tuple=True)
+            out.index_add_(0, picked, self.experts[e](rows[picked]) * weights[picked, slot, None])
+        if hasattr(self, "shared"):
+            out = out + torch.sigmoid(self.shared_gate(rows)) * self.shared(rows)
+        return out.view_as(x)
+
+
+class Layer(nn.Module):
+    def __init__(self, c: ModelConfig, index: int = 0):
         super().__init__()
         self.input_norm = RMSNorm(c.hidden_size, c.rms_norm_eps)
         self.attn = Attention(c)
-        self.post_attn_norm = RMSNorm(c.hidden_size, c.rms_norm_eps)
-        self.mlp = MLP(c)
+        self.post_attn_norm = RMSNorm(c.hidden_size, c.rms_norm_eps)  # the MLP's input norm
+        self.mlp = Experts(c) if c.moe is not None and c.moe.sparse[index] else MLP(c)
+        if c.sandwich_norms:  # on the attention's and the MLP's outputs (Gemma)
+            self.attn_out_norm = RMSNorm(c.hidden_size, c.rms_norm_eps)
+            self.mlp_out_norm = RMSNorm(c.hidden_size, c.rms_norm_eps)
+        self.windowed = c.windowed(index)  # the sliding window limits this layer's attention
+        self.local_rope = self.windowed and c.local_rope_theta is not None  # with the local RoPE base
 
     def forward(self, x: Tensor, cos: Tensor, sin: Tensor, k_cache: Tensor, v_cache: Tensor,
                 start: int, mask: Tensor | None) -> Tensor:
-        x = x + self.attn(self.input_norm(x), cos, sin, k_cache, v_cache, start, mask)
-        return x + self.mlp(self.post_attn_norm(x))
+        y = self.attn(self.input_norm(x), cos, sin, k_cache, v_cache, start, mask)
+        x = x + (self.attn_out_norm(y) if hasattr(self, "attn_out_norm") else y)
+        y = self.mlp(self.post_attn_norm(x))
+        return x + (self.mlp_out_norm(y) if hasattr(self, "mlp_out_norm") else y)
 
 
 class Stack(nn.Module):
@@ -241,8 +299,8 @@ class Stack(nn.Module):
     def __init__(self, config: ModelConfig, num_layers: int, layer: type[nn.Module] = Layer):
         super().__init__()
         self.config = config
-        self.layers = nn.ModuleList(layer(config) for _ in range(num_layers))
-        self._rope_table: tuple[Tensor, Tensor] | None = None
+        self.layers = nn.ModuleList(layer(config, i) for i in range(num_layers))
+        self._rope_tables: dict[bool, tuple[Tensor, Tensor]] = {}
         self._layer_stack: tuple[tuple, object] | None = None  # (weights' key, kernels.LayerStack or None)
 
     @property
@@ -268,19 +326,20 @@ class Stack(nn.Module):
         c = replace(self.config, num_layers=len(self.layers))
         return KVCache(c, capacity, batch, dtype or self.weight_like.dtype, self.weight_like.device)
 
-    def rope_table(self) -> tuple[Tensor, Tensor]:
-        """cos and sin for every position, [max_positions, head_dim], in the weights' dtype."""
+    def rope_table(self, local: bool = False) -> tuple[Tensor, Tensor]:
+        """cos and sin for every position, [max_positions, rotary dims], in the weights' dtype: the
+        config's RoPE, or with `local` the windowed layers' own base (Gemma-3)."""
         weight = self.weight_like
         c = self.config
-        if (self._rope_table is None or self._rope_table[0].dtype != weight.dtype
-                or len(self._rope_table[0]) != c.max_position_embeddings):
-            dims = torch.arange(0, c.head_dim, 2, dtype=torch.float32, device=weight.device)
-            inv_freq = 1.0 / (c.rope_theta ** (dims / c.head_dim))
-            pos = torch.arange(c.max_position_embeddings, dtype=torch.float32, device=weight.device)
+        table = self._rope_tables.get(local)
+        if table is None or table[0].dtype != weight.dtype or len(table[0]) != c.max_position_embeddings:
+            theta, scaling = (c.local_rope_theta, ()) if local else (c.rope_theta, c.rope_scaling)
+            inv_freq, factor = frequencies(theta, c.rotary_dim or c.head_dim, scaling)
+            pos = torch.arange(c.max_position_embeddings, dtype=torch.float32)
             freqs = torch.outer(pos, inv_freq)
-            emb = torch.cat((freqs, freqs), dim=-1)
-            self._rope_table = (emb.cos().to(weight.dtype), emb.sin().to(weight.dtype))
-        return self._rope_table
+            emb = torch.cat((freqs, freqs), dim=-1).to(weight.device)
+            table = self._rope_tables[local] = ((emb.cos() * factor).to(weight.dtype), (emb.sin() * factor).to(weight.dtype))
+        return table
 
     def run_layers(self, x: Tensor, cache: KVCache, positions: Tensor | None, mask: Tensor | None,
                    capture: tuple[int, ...] = ()) -> tuple[Tensor, list[Tensor]]:
@@ -298,28 +357,35 @@ class Stack(nn.Module):
             raise ValueError(f"cache holds {cache.capacity} tokens; {start + T} requested")
         if positions is None:
             positions = torch.arange(start, start + T, device=x.device).expand(B, T)
-        cos_table, sin_table = self.rope_table()
-        cos, sin = cos_table[positions].unsqueeze(1), sin_table[positions].unsqueeze(1)
+        rope = {}
+        for local in {getattr(layer, "local_rope", False) for layer in self.layers}:
+            cos_table, sin_table = self.rope_table(local)
+            rope[local] = cos_table[positions].unsqueeze(1), sin_table[positions].unsqueeze(1)
         if mask is None and T > 1 and start > 0:
             mask = causal_mask(start, T, x.device)
+        masks = {False: mask, True: mask}  # by whether the window limits the layer
         window = self.config.sliding_window
         if window is not None and int(positions.max()) >= window:
-            mask = self._windowed(mask, positions, start, T)
-        if mask is not None:
-            if mask.dim() == 3:
-                mask = mask.unsqueeze(1)  # [B, 1, T, S]
-            groups = self.config.num_heads // self.config.num_kv_heads
-            mask = mask.repeat(*([1] * (mask.dim() - 2)), groups, 1)  # rows (group, t), as in Attention
+            masks[True] = self._windowed(mask, positions, cache.slot_positions(), T)
+        groups = self.config.num_heads // self.config.num_kv_heads
+        for key, m in masks.items():
+            if m is not None:
+                if m.dim() == 3:
+                    m = m.unsqueeze(1)  # [B, 1, T, S]
+                masks[key] = m.repeat(*([1] * (m.dim() - 2)), groups, 1)  # rows (group, t), as in Attention
         stack = self.layer_stack() if plain_cpu(x) and x.dtype == cache.k.dtype else None
         if stack is not None:  # the same layers in one C++ call (kernels.LayerStack)
-            flat = None if mask is None else mask.reshape(-1, *mask.shape[-2:])
-            x, *captured = stack.run(x, cos, sin, cache.k, cache.v, start, flat, list(capture))
+            flat = [None if m is None else m.reshape(-1, *m.shape[-2:]) for m in (masks[False], masks[True])]
+            local = rope.get(True, (None, None))
+            x, *captured = stack.run(x, *rope.get(False, local), *local, cache.k, cache.v, start, *flat,
+                                     list(capture))
         else:
             captured = []
             for i, layer in enumerate(self.layers):
                 if i in capture:
                     captured.append(x)
-                x = layer(x, cos, sin, cache.k[i], cache.v[i], start, mask)
+                windowed = getattr(layer, "windowed", False)
+                x = layer(x, *rope[getattr(layer, "local_rope", False)], cache.k[i], cache.v[i], start, masks[windowed])
             if len(self.layers) in capture:
                 captured.append(x)
         cache.length, cache.written = start + T, T
@@ -338,9 +404,9 @@ class Stack(nn.Module):
 
         if self.weight_like.device.type != "cpu" or self.weight_like.dtype not in (torch.float32, torch.bfloat16):
             return None
-        norms, linears = [], []
+        norms, flags, linears = [], [], []
         for layer in self.layers:
-            if type(layer) is not Layer:
+            if type(layer) is not Layer or type(layer.mlp) is not MLP:
                 return None
             if isinstance(layer.input_norm, RMSNorm):
                 input_norm = layer.input_norm.weight.detach()
@@ -348,7 +414,12 @@ class Stack(nn.Module):
                 input_norm = None
             else:
                 return None
-            norms += [input_norm, layer.post_attn_norm.weight.detach()]
+            optional = [getattr(getattr(module, name, None), "weight", None)
+                        for module, name in ((layer.attn, "q_norm"), (layer.attn, "k_norm"),
+                                             (layer, "attn_out_norm"), (layer, "mlp_out_norm"))]
+            norms += [input_norm, layer.post_attn_norm.weight.detach(),
+                      *(None if w is None else w.detach() for w in optional)]
+            flags += [layer.windowed, layer.local_rope]
             for linear in (layer.attn.qkv, layer.attn.o, layer.mlp.gate_up, layer.mlp.down):
                 bias = None if linear.bias is None else linear.bias.detach()
                 if isinstance(linear, QuantizedLinear):
@@ -361,14 +432,16 @@ class Stack(nn.Module):
                     return None
                 linears.append((*spec, bias, linear.out_features))
         c = self.config
-        return kernels.layer_stack(norms, linears, c.num_heads, c.num_kv_heads, c.rms_norm_eps)
+        return kernels.layer_stack(norms, flags, linears, c.num_heads, c.num_kv_heads, c.rms_norm_eps,
+                                   self.layers[0].attn.scale, c.activation == "gelu_tanh")
 
-    def _windowed(self, mask: Tensor | None, positions: Tensor, start: int, T: int) -> Tensor:
-        """Add the sliding-window limit to a mask (Mistral): a key sits at most window-1 behind."""
+    def _windowed(self, mask: Tensor | None, positions: Tensor, cached: Tensor, T: int) -> Tensor:
+        """Add the sliding-window limit to a mask (Mistral): a key sits at most window-1 behind.
+        `cached`: the positions of the cache's tokens [start] (`KVCache.slot_positions`)."""
+        start = len(cached)
         if mask is None:
             mask = causal_mask(start, T, positions.device)
-        cache_pos = torch.arange(start, device=positions.device).expand(positions.shape[0], start)
-        key_pos = torch.cat((cache_pos, positions), dim=1)  # [B, S]
+        key_pos = torch.cat((cached.expand(positions.shape[0], start), positions), dim=1)  # [B, S]
         in_window = key_pos[:, None, :] > positions[:, :, None] - self.config.sliding_window
         return mask & in_window
 
@@ -398,9 +471,15 @@ class Decoder(Stack):
         and features [B, T, H], the hidden states after the final norm; with `capture` (layer
         indices, as in `run_layers`) the features are instead the hidden states entering those
         layers, concatenated [B, T, len(capture) * H] (what an EAGLE-3 head reads)."""
-        hidden, captured = self.run_layers(self.embed(tokens), cache, positions, mask, capture)
+        c = self.config
+        x = self.embed(tokens)
+        if c.embed_scale:  # Gemma: the scale rounded to the weights' dtype first
+            x = x * torch.tensor(c.hidden_size ** 0.5, dtype=x.dtype)
+        hidden, captured = self.run_layers(x, cache, positions, mask, capture)
         features = self.norm(hidden)
         logits = self.lm_head(features[:, -1:] if last_logits_only else features)
+        if c.logit_softcap is not None:
+            logits = torch.tanh(logits / c.logit_softcap) * c.logit_softcap
         return logits, torch.cat(captured, dim=-1) if capture else features
 
     @torch.inference_mode()

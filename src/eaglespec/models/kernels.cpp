@@ -21,9 +21,10 @@ torch::Tensor row_linear_int8(torch::Tensor x, torch::Tensor packed, torch::Tens
 bool row_linear_int8_available();
 std::string row_linear_int8_inputs();
 torch::Tensor rms_norm(torch::Tensor x, torch::Tensor w, double eps);
-torch::Tensor silu_mul(torch::Tensor x);
+torch::Tensor gated(torch::Tensor x, bool gelu);
 torch::Tensor rope_store(torch::Tensor qkv, torch::Tensor cos, torch::Tensor sin, torch::Tensor k_cache,
-                         torch::Tensor v_cache, int64_t start, int64_t heads, int64_t kv_heads);
+                         torch::Tensor v_cache, int64_t start, int64_t heads, int64_t kv_heads,
+                         c10::optional<torch::Tensor> q_norm, c10::optional<torch::Tensor> k_norm, double eps);
 
 void bind_layer_stack(pybind11::module& module);
 
@@ -50,6 +51,6 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, module) {
   module.def("row_linear_int8_inputs", &row_linear_int8_inputs,
              "How row_linear_int8 takes its inputs: bf16 (AVX-512), int8 (AVX2: 8-bit codes per group of 32) or none");
   module.def("rms_norm", &rms_norm, "RMSNorm, one call (CPU)");
-  module.def("silu_mul", &silu_mul, "silu(gate) * up over the halves of the last axis, one call (CPU)");
+  module.def("gated", &gated, "act(gate) * up over the halves of the last axis, act SiLU or GELU (tanh), one call (CPU)");
   module.def("rope_store", &rope_store, "Rotary embedding of q and k and the cache write of k and v, one call (CPU)");
 }

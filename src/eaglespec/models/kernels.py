@@ -12,7 +12,7 @@ over 8- and 4-bit weights (int8_linear.cpp, int4_linear.cpp). Each runs on the b
 has: AMX tiles (amx.h: bf16 and int4, unless EAGLESPEC_AMX=0; a forward over up to 16 rows costs
 about what one row does), AVX-512 (with BF16 for bf16 and int4), else AVX2 (avx2.h: products in
 fp32 lanes, whose cost grows with every row).
-`rms_norm`, `silu_mul`, `rope_store` (layer_ops.cpp): a decoder layer's small operations, one call
+`rms_norm`, `gated`, `rope_store` (layer_ops.cpp): a decoder layer's small operations, one call
 each instead of about 60 operator calls per layer, row by row.
 `LayerStack` (layer_stack.cpp): the target's decoder layers for inference, one call for all of
 them (the same operations and kernels as the Python layers, without their dispatch).
@@ -157,16 +157,17 @@ def row_linear_int8(x: Tensor, packed: Tensor, scale: Tensor, out_features: int)
     return _load().row_linear_int8(x, packed, scale, out_features)
 
 
-def row_attention(q: Tensor, keys: Tensor, values: Tensor, mask: Tensor | None) -> Tensor:
-    """softmax(q k^T / sqrt(D)) v for q [B, H, M, D], keys/values [B, H, S, D], mask bool [M, S]
-    or [B, 1, M, S] (None: every key visible); row-invariant on CPUs (see the module docstring).
-    Training (gradients), autocast and other devices use torch's SDPA."""
+def row_attention(q: Tensor, keys: Tensor, values: Tensor, mask: Tensor | None, scale: float | None = None) -> Tensor:
+    """softmax(scale q k^T) v (scale 1 / sqrt(D) unless given) for q [B, H, M, D], keys/values [B,
+    H, S, D], mask bool [M, S] or [B, 1, M, S] (None: every key visible); row-invariant on CPUs (see
+    the module docstring). Training (gradients), autocast and other devices use torch's SDPA."""
+    scale = q.shape[-1] ** -0.5 if scale is None else scale
     module = _load() if plain_cpu(q, keys, values) else None
     if module is None:
-        return F.scaled_dot_product_attention(q, keys, values, attn_mask=mask)
+        return F.scaled_dot_product_attention(q, keys, values, attn_mask=mask, scale=scale)
     if mask is not None:
         mask = mask.reshape(-1, *mask.shape[-2:])
-    return module.row_attention(q, keys, values, mask, q.shape[-1] ** -0.5)
+    return module.row_attention(q, keys, values, mask, scale)
 
 
 def _fused(*tensors: Tensor):
@@ -183,19 +184,27 @@ def rms_norm(x: Tensor, weight: Tensor, eps: float) -> Tensor | None:
     return None if module is None else module.rms_norm(x, weight, eps)
 
 
-def silu_mul(x: Tensor) -> Tensor | None:
+def gated(x: Tensor, activation: str) -> Tensor | None:
+    """act(gate) * up over the two halves of the last axis, act "silu" or "gelu_tanh"."""
     module = _fused(x)
-    return None if module is None else module.silu_mul(x)
+    return None if module is None else module.gated(x, activation == "gelu_tanh")
 
 
 def rope_store(qkv: Tensor, cos: Tensor, sin: Tensor, k_cache: Tensor, v_cache: Tensor, start: int,
-               heads: int, kv_heads: int) -> Tensor | None:
-    """q [B, heads, T, D] rotated, with the rotated k and v written to the cache at `start`."""
-    module = _fused(qkv, cos, sin, k_cache, v_cache)
-    return None if module is None else module.rope_store(qkv, cos, sin, k_cache, v_cache, start, heads, kv_heads)
+               heads: int, kv_heads: int, norms: tuple | None = None) -> Tensor | None:
+    """q [B, heads, T, D] rotated, with the rotated k and v written to the cache at `start`; with
+    `norms` (the q and k RMSNorm modules) each head normalized first."""
+    weights = () if norms is None else tuple(n.weight for n in norms)
+    module = _fused(qkv, cos, sin, k_cache, v_cache, *weights)
+    if module is None:
+        return None
+    q_norm, k_norm = weights or (None, None)
+    eps = norms[0].eps if norms else 0.0
+    return module.rope_store(qkv, cos, sin, k_cache, v_cache, start, heads, kv_heads, q_norm, k_norm, eps)
 
 
-def layer_stack(norms: list, linears: list, heads: int, kv_heads: int, eps: float):
+def layer_stack(norms: list, flags: list, linears: list, heads: int, kv_heads: int, eps: float, scale: float,
+                gelu: bool):
     """A `LayerStack` (layer_stack.cpp) over these layers' weights, or None without built kernels."""
     module = _load()
-    return None if module is None else module.LayerStack(norms, linears, heads, kv_heads, eps)
+    return None if module is None else module.LayerStack(norms, flags, linears, heads, kv_heads, eps, scale, gelu)

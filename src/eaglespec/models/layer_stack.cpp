@@ -5,8 +5,10 @@
 // the arithmetic and drops the dispatch. Its result equals the Python layers' bit for bit (tested).
 //
 // A LayerStack is built once per model (`Stack.layer_stack`: the target's layers, or an EAGLE-1
-// head's, whose layer has no input norm) from each layer's weights: two norm weights (the first
-// may be none) and four linears, each linear one of
+// head's, whose layer has no input norm) from each layer's weights: six norm weights (input, the
+// MLP's input, the query's and key's, the attention's and the MLP's outputs; all but the second may
+// be none), two flags (whether the sliding window limits the layer, whether it takes the local
+// RoPE tables) and four linears, each linear one of
 //   TILES  bf16 weights packed for row_linear_bf16 (AVX-512 BF16)
 //   FP32   fp32 weights: row_linear up to 128 rows, else MKL with rows padded to a multiple of 4
 //   INT4   row_linear_int4 (weights from pack_int4: 3-d), else torch's _weight_int4pack_mm_for_cpu,
@@ -29,9 +31,10 @@ torch::Tensor row_linear_bf16(torch::Tensor x, torch::Tensor packed, int64_t N, 
 torch::Tensor row_linear_int4(torch::Tensor x, torch::Tensor packed, int64_t N);
 torch::Tensor row_linear_int8(torch::Tensor x, torch::Tensor packed, torch::Tensor scale, int64_t N);
 torch::Tensor rms_norm(torch::Tensor x, torch::Tensor w, double eps);
-torch::Tensor silu_mul(torch::Tensor x);
+torch::Tensor gated(torch::Tensor x, bool gelu);
 torch::Tensor rope_store(torch::Tensor qkv, torch::Tensor cos, torch::Tensor sin, torch::Tensor k_cache,
-                         torch::Tensor v_cache, int64_t start, int64_t heads, int64_t kv_heads);
+                         torch::Tensor v_cache, int64_t start, int64_t heads, int64_t kv_heads,
+                         c10::optional<torch::Tensor> q_norm, c10::optional<torch::Tensor> k_norm, double eps);
 
 namespace {
 
@@ -89,33 +92,44 @@ struct LinearSpec {
 struct LayerWeights {
   c10::optional<torch::Tensor> input_norm;  // none: the layer reads its input as it is (an EAGLE-1 head's)
   torch::Tensor post_attn_norm;
+  c10::optional<torch::Tensor> q_norm, k_norm, attn_out_norm, mlp_out_norm;  // where the family has them
+  bool windowed, local_rope;
   LinearSpec qkv, o, gate_up, down;
 };
 
+using Norms = std::vector<c10::optional<torch::Tensor>>;
+using Linears = std::vector<std::tuple<int64_t, torch::Tensor, c10::optional<torch::Tensor>, c10::optional<torch::Tensor>, int64_t>>;
+
 class LayerStack {
  public:
-  // norms: 2 per layer (input or None, post-attention); linears: 4 per layer (qkv, o, gate_up, down),
-  // each (kind, weight, scales or None, bias or None, out_features)
-  LayerStack(std::vector<c10::optional<torch::Tensor>> norms, std::vector<std::tuple<int64_t, torch::Tensor, c10::optional<torch::Tensor>,
-                                                                     c10::optional<torch::Tensor>, int64_t>> linears,
-             int64_t heads, int64_t kv_heads, double eps)
-      : heads_(heads), kv_heads_(kv_heads), eps_(eps) {
-    TORCH_CHECK(norms.size() % 2 == 0 && linears.size() == norms.size() * 2, "LayerStack: 2 norms and 4 linears a layer");
+  // norms: 6 per layer (input, post-attention, q, k, attention output, MLP output; None where absent);
+  // flags: 2 per layer (windowed, local RoPE); linears: 4 per layer (qkv, o, gate_up, down), each
+  // (kind, weight, scales or None, bias or None, out_features); scale: the attention's; gelu: GeGLU
+  LayerStack(Norms norms, std::vector<bool> flags, Linears linears, int64_t heads, int64_t kv_heads, double eps,
+             double scale, bool gelu)
+      : heads_(heads), kv_heads_(kv_heads), eps_(eps), scale_(scale), gelu_(gelu) {
+    const size_t L = linears.size() / 4;
+    TORCH_CHECK(linears.size() == 4 * L && norms.size() == 6 * L && flags.size() == 2 * L,
+                "LayerStack: 6 norms, 2 flags and 4 linears a layer");
     auto spec = [](const auto& t) {
       const auto& [kind, weight, scales, bias, out] = t;
       return LinearSpec{kind, weight, scales.has_value() ? *scales : torch::Tensor(), bias, out};
     };
-    for (size_t i = 0; i < norms.size() / 2; ++i)
-      layers_.push_back({norms[2 * i], *norms[2 * i + 1], spec(linears[4 * i]), spec(linears[4 * i + 1]),
-                         spec(linears[4 * i + 2]), spec(linears[4 * i + 3])});
+    for (size_t i = 0; i < L; ++i) {
+      const auto* n = &norms[6 * i];
+      layers_.push_back({n[0], *n[1], n[2], n[3], n[4], n[5], flags[2 * i], flags[2 * i + 1], spec(linears[4 * i]),
+                         spec(linears[4 * i + 1]), spec(linears[4 * i + 2]), spec(linears[4 * i + 3])});
+    }
   }
 
-  // x [B, T, H]; cos, sin [B, 1, T, D]; k, v [L, B, kv_heads, capacity, D]; mask undefined or bool
-  // [rows, T * groups, S] (grouped as in Stack.run_layers). Returns the output, then the hidden
-  // states entering the layers listed in `capture` (index L: the output), in index order.
-  std::vector<torch::Tensor> run(torch::Tensor x, torch::Tensor cos, torch::Tensor sin, torch::Tensor k,
-                                 torch::Tensor v, int64_t start, c10::optional<torch::Tensor> mask,
-                                 std::vector<int64_t> capture) const {
+  // x [B, T, H]; cos, sin [B, 1, T, R] (and the local RoPE's, where a layer takes it); k, v [L, B,
+  // kv_heads, capacity, D]; mask (and the windowed layers') undefined or bool [rows, T * groups, S]
+  // (grouped as in Stack.run_layers). Returns the output, then the hidden states entering the layers
+  // listed in `capture` (index L: the output), in index order.
+  std::vector<torch::Tensor> run(torch::Tensor x, torch::Tensor cos, torch::Tensor sin,
+                                 c10::optional<torch::Tensor> cos_local, c10::optional<torch::Tensor> sin_local,
+                                 torch::Tensor k, torch::Tensor v, int64_t start, c10::optional<torch::Tensor> mask,
+                                 c10::optional<torch::Tensor> mask_windowed, std::vector<int64_t> capture) const {
     const int64_t B = x.size(0), T = x.size(1), end = start + T, L = static_cast<int64_t>(layers_.size());
     const int64_t groups = heads_ / kv_heads_;
     std::vector<torch::Tensor> out{torch::Tensor()};
@@ -125,18 +139,22 @@ class LayerStack {
       if (captured(i)) out.push_back(x);
       auto k_cache = k.select(0, i), v_cache = v.select(0, i);
       auto normed = w.input_norm.has_value() ? rms_norm(x, *w.input_norm, eps_) : x;
-      auto q = rope_store(w.qkv(normed), cos, sin, k_cache, v_cache, start, heads_, kv_heads_);
+      const auto& c = w.local_rope ? *cos_local : cos;
+      const auto& s = w.local_rope ? *sin_local : sin;
+      auto q = rope_store(w.qkv(normed), c, s, k_cache, v_cache, start, heads_, kv_heads_, w.q_norm, w.k_norm, eps_);
       auto keys = k_cache.narrow(2, 0, end), values = v_cache.narrow(2, 0, end);
       const int64_t D = q.size(3);
+      const auto& m = w.windowed ? mask_windowed : mask;
       torch::Tensor y;
-      if (!mask.has_value() && T > 1) {
-        y = at::scaled_dot_product_attention(q, keys, values, {}, 0.0, true, c10::nullopt, heads_ != kv_heads_);
+      if (!m.has_value() && T > 1) {
+        y = at::scaled_dot_product_attention(q, keys, values, {}, 0.0, true, scale_, heads_ != kv_heads_);
       } else {
-        y = row_attention(q.reshape({B, kv_heads_, groups * T, D}), keys, values, mask, std::pow(double(D), -0.5))
-                .view({B, heads_, T, D});
+        y = row_attention(q.reshape({B, kv_heads_, groups * T, D}), keys, values, m, scale_).view({B, heads_, T, D});
       }
-      x = x + w.o(y.transpose(1, 2).reshape({B, T, heads_ * D}));
-      x = x + w.down(silu_mul(w.gate_up(rms_norm(x, w.post_attn_norm, eps_))));
+      y = w.o(y.transpose(1, 2).reshape({B, T, heads_ * D}));
+      x = x + (w.attn_out_norm.has_value() ? rms_norm(y, *w.attn_out_norm, eps_) : y);
+      y = w.down(gated(w.gate_up(rms_norm(x, w.post_attn_norm, eps_)), gelu_));
+      x = x + (w.mlp_out_norm.has_value() ? rms_norm(y, *w.mlp_out_norm, eps_) : y);
     }
     if (captured(L)) out.push_back(x);
     out[0] = x;
@@ -146,16 +164,14 @@ class LayerStack {
  private:
   std::vector<LayerWeights> layers_;
   int64_t heads_, kv_heads_;
-  double eps_;
+  double eps_, scale_;
+  bool gelu_;
 };
 
 }  // namespace
 
 void bind_layer_stack(pybind11::module& module) {
   pybind11::class_<LayerStack>(module, "LayerStack")
-      .def(pybind11::init<std::vector<c10::optional<torch::Tensor>>,
-                          std::vector<std::tuple<int64_t, torch::Tensor, c10::optional<torch::Tensor>,
-                                                 c10::optional<torch::Tensor>, int64_t>>,
-                          int64_t, int64_t, double>())
+      .def(pybind11::init<Norms, std::vector<bool>, Linears, int64_t, int64_t, double, double, bool>())
       .def("run", &LayerStack::run);
 }

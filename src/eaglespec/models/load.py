@@ -52,21 +52,46 @@ def resolve(spec: str) -> Path:
 
 
 # Hugging Face parameter names (with or without the "model." prefix, as in EAGLE checkpoints) -> ours
+_L = r"(?:model\.)?layers\.(\d+)\."
 _RENAMES = [
     (r"(?:model\.)?embed_tokens\.", "embed."),
     (r"(?:model\.)?norm\.", "norm."),
-    (r"(?:model\.)?layers\.(\d+)\.input_layernorm\.", r"layers.\1.input_norm."),
-    (r"(?:model\.)?layers\.(\d+)\.post_attention_layernorm\.", r"layers.\1.post_attn_norm."),
+    (_L + r"input_layernorm\.", r"layers.\1.input_norm."),
+    (_L + r"post_attention_layernorm\.", r"layers.\1.post_attn_norm."),
     (r"layers\.(\d+)\.hidden_norm\.", r"layers.\1.hidden_norm."),  # EAGLE-3's layer
-    (r"(?:model\.)?layers\.(\d+)\.self_attn\.o_proj\.", r"layers.\1.attn.o."),
-    (r"(?:model\.)?layers\.(\d+)\.mlp\.down_proj\.", r"layers.\1.mlp.down."),
+    (_L + r"self_attn\.o_proj\.", r"layers.\1.attn.o."),
+    (_L + r"self_attn\.(q|k)_norm\.", r"layers.\1.attn.\2_norm."),
+    (_L + r"mlp\.down_proj\.", r"layers.\1.mlp.down."),
+    (_L + r"mlp\.gate\.", r"layers.\1.mlp.router."),  # a mixture of experts' router
+    (_L + r"mlp\.experts\.(\d+)\.down_proj\.", r"layers.\1.mlp.experts.\2.down."),
+    (_L + r"mlp\.shared_expert\.down_proj\.", r"layers.\1.mlp.shared.down."),
+    (_L + r"mlp\.shared_expert_gate\.", r"layers.\1.mlp.shared_gate."),
     (r"lm_head\.", "lm_head."),
     (r"fc\.", "fc."),
 ]
-_FUSED = [  # our fused parameter <- the Hugging Face parameters concatenated in this order
-    (r"(?:model\.)?layers\.(\d+)\.self_attn\.(q|k|v)_proj\.(weight|bias)", r"layers.\1.attn.qkv.\3"),
-    (r"(?:model\.)?layers\.(\d+)\.mlp\.(gate|up)_proj\.weight", r"layers.\1.mlp.gate_up.weight"),
+_FUSED = [  # our fused parameter <- the Hugging Face parameters (`part`) concatenated in `order`
+    (_L + r"self_attn\.(?P<part>q|k|v)_proj\.(weight|bias)", r"layers.\1.attn.qkv.\3", ("q", "k", "v")),
+    (_L + r"mlp\.(?P<part>gate|up)_proj\.weight", r"layers.\1.mlp.gate_up.weight", ("gate", "up")),
+    (_L + r"mlp\.experts\.(\d+)\.(?P<part>gate|up)_proj\.weight", r"layers.\1.mlp.experts.\2.gate_up.weight",
+     ("gate", "up")),
+    (_L + r"mlp\.shared_expert\.(?P<part>gate|up)_proj\.weight", r"layers.\1.mlp.shared.gate_up.weight", ("gate", "up")),
 ]
+
+
+def unstack_experts(hf: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """transformers 5's stacked experts (`mlp.experts.gate_up_proj` [E, 2I, H], `down_proj` [E, H, I])
+    as the per-expert tensors of the checkpoints on disk (gate and up are the halves of gate_up)."""
+    out = {}
+    for name, tensor in hf.items():
+        if m := re.fullmatch(r"(.*\.experts)\.(gate_up|down)_proj", name):
+            for e, piece in enumerate(tensor):
+                if m[2] == "down":
+                    out[f"{m[1]}.{e}.down_proj.weight"] = piece
+                else:
+                    out[f"{m[1]}.{e}.gate_proj.weight"], out[f"{m[1]}.{e}.up_proj.weight"] = piece.chunk(2)
+        else:
+            out[name] = tensor
+    return out
 
 
 def from_hf_state_dict(hf: dict[str, torch.Tensor], dtype: torch.dtype,
@@ -74,19 +99,23 @@ def from_hf_state_dict(hf: dict[str, torch.Tensor], dtype: torch.dtype,
     """Map Hugging Face parameter names onto ours, fusing q/k/v and gate/up; a family's own `renames`
     are tried first. Unknown names are dropped."""
     ours: dict[str, torch.Tensor] = {}
-    pieces: dict[str, dict[str, torch.Tensor]] = {}
-    for name, tensor in hf.items():
-        for pattern, target in _FUSED:
-            if m := re.fullmatch(pattern, name):
-                pieces.setdefault(m.expand(target), {})[m.group(2)] = tensor
+    pieces: dict[str, tuple[tuple[str, ...], dict[str, torch.Tensor]]] = {}
+    for name, tensor in unstack_experts(hf).items():
+        for pattern, repl in renames:  # a family's names first: its fused layouts are already ours
+            if re.match(pattern, name):
+                ours[re.sub(pattern, repl, name)] = tensor.to(dtype)
                 break
         else:
-            for pattern, repl in (*renames, *_RENAMES):
-                if re.match(pattern, name):
-                    ours[re.sub(pattern, repl, name)] = tensor.to(dtype)
+            for pattern, target, order in _FUSED:
+                if m := re.fullmatch(pattern, name):
+                    pieces.setdefault(m.expand(target), (order, {}))[1][m["part"]] = tensor
                     break
-    for target, parts in pieces.items():
-        order = "qkv" if ".attn." in target else ("gate", "up")
+            else:
+                for pattern, repl in _RENAMES:
+                    if re.match(pattern, name):
+                        ours[re.sub(pattern, repl, name)] = tensor.to(dtype)
+                        break
+    for target, (order, parts) in pieces.items():
         if set(parts) == set(order):  # else the fused parameter stays missing, for the caller to report
             ours[target] = torch.cat([parts[k] for k in order]).to(dtype)
     return ours
@@ -94,7 +123,7 @@ def from_hf_state_dict(hf: dict[str, torch.Tensor], dtype: torch.dtype,
 
 def unknown_names(hf: dict[str, torch.Tensor]) -> list[str]:
     """The names `from_hf_state_dict` would drop (to refuse them where nothing may be skipped)."""
-    return sorted(n for n in hf if not any(re.fullmatch(p, n) for p, _ in _FUSED)
+    return sorted(n for n in hf if not any(re.fullmatch(p, n) for p, _, _ in _FUSED)
                   and not any(re.match(p, n) for p, _ in _RENAMES))
 
 
@@ -138,7 +167,8 @@ def read_safetensors(folder: Path) -> dict[str, torch.Tensor]:
 def build_decoder(config: ModelConfig, hf_tensors: dict[str, torch.Tensor], dtype: torch.dtype) -> Decoder:
     with torch.device("meta"):
         model = Decoder(config)
-    ours = from_hf_state_dict(hf_tensors, dtype, family_of(config.family).renames)
+    family = family_of(config.family)
+    ours = from_hf_state_dict(family.prepare(hf_tensors), dtype, family.renames)
     missing, unexpected = model.load_state_dict(ours, strict=False, assign=True)
     missing = [k for k in missing if not (k == "lm_head.weight" and config.tie_word_embeddings)]
     if missing or unexpected:

@@ -60,6 +60,11 @@ def quantize_int8(weight: Tensor) -> tuple[Tensor, Tensor]:
     return (w / scale[:, None]).round().clamp(-127, 127).to(torch.int8), scale
 
 
+# the experts' routers and shared-expert gates stay in the model's dtype: a few rows, read for every
+# token, whose rounding would move tokens between experts
+KEPT_DENSE = ("router", "shared_gate")
+
+
 class QuantizedLinear(nn.Module):
     """y = x W^T (+ b) with W stored as int8 or int4 (see the module docstring)."""
 
@@ -130,7 +135,7 @@ def quantize(model: nn.Module, weights: str, dtype: torch.dtype) -> dict:
     done, exact = {"int4": 0, "int8": 0}, []  # exact: (groups recovered exactly, groups) per int4 matrix
     for name, module in list(model.named_modules()):
         for child_name, child in list(module.named_children()):
-            if not isinstance(child, nn.Linear):
+            if not isinstance(child, nn.Linear) or child_name in KEPT_DENSE:
                 continue
             kind = "int8" if (weights == "int8" or child_name == "lm_head") else "int4"
             quantized = QuantizedLinear(child, kind)

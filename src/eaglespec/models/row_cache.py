@@ -45,6 +45,16 @@ class RowCache(KVCache):
         self.lengths[row] = n
         self.length, self.written, self._written = start + n, 0, []
 
+    def slot_positions(self) -> Tensor:
+        """The position of the token in each committed slot: its index among its row's slots (what a
+        sliding window measures distance by)."""
+        owner = self.owner[:self.length]
+        positions = torch.empty(self.length, dtype=torch.long, device=owner.device)
+        for row in self.lengths:
+            slots = (owner == row).nonzero().squeeze(1)
+            positions[slots] = torch.arange(len(slots), device=owner.device)
+        return positions
+
     def prepare(self, blocks: list[tuple[int, Tensor | None]]) -> Tensor | None:
         """Before a forward over several rows' new tokens, block after block: mark the slots it will
         write with their rows and return its mask. `blocks`: (row, mask [m, m] among its m new tokens,

@@ -13,5 +13,6 @@ class Qwen2(Family):
 
     @staticmethod
     def layer_config(hf: Any) -> dict:
-        return {"qkv_bias": True,
-                "sliding_window": hf.sliding_window if getattr(hf, "use_sliding_window", False) else None}
+        return Family.layer_config(hf) | {
+            "qkv_bias": True, "o_bias": False,
+            **({} if getattr(hf, "use_sliding_window", False) else {"sliding_window": None, "window_layers": None})}
