@@ -16,7 +16,7 @@ from eaglespec.models.load import build_decoder
 
 torch.set_num_threads(int(os.environ.get("EAGLESPEC_TEST_THREADS", "2")))  # 1 beside another job
 
-REAL_MODEL_FIXTURES = {"smollm2", "smollm2_hf", "shipped", "random_medusa", "smollm2_draft"}
+REAL_MODEL_FIXTURES = {"smollm2", "smollm2_hf", "shipped", "random_medusa", "smollm2_draft", "gemma"}
 
 
 def pytest_collection_modifyitems(items):

@@ -2,7 +2,8 @@
 class (`conftest.CONFIGS`): fp32 logits within 1e-4 of its, 64 greedy tokens equal to its
 `generate`, every drafting method equal to vanilla (fp32 and bf16), batched rows equal to rows
 decoded alone, and sampled tokens distributed as the target's (the chi-square test of
-test_methods.py)."""
+test_methods.py). The bundled Gemma-3-270M (a real model, slow tier) generates transformers' greedy
+tokens from its GGUF, and EAGLE and hybrid generate its vanilla tokens."""
 
 from pathlib import Path
 
@@ -135,3 +136,26 @@ def test_sampling_matches_the_target_distribution(family):
     assert drafted > n // 10
     probs = [*bins.values(), 1 - sum(bins.values())]
     assert chi_square_p_value(list(counts.values()), probs) > 1e-3 / len(FAMILIES)
+
+
+@pytest.fixture(scope="module")
+def gemma():
+    from eaglespec.models.load import load_target
+
+    return load_target("gemma-3-270m", "float32")
+
+
+def test_gemma3_270m_generates_transformers_tokens_with_every_method(gemma):
+    from transformers import AutoModelForCausalLM
+
+    hf = AutoModelForCausalLM.from_pretrained(str(gemma.folder), dtype=torch.float32).eval()
+    torch.manual_seed(0)
+    head = EagleHead(gemma.model.config).eval().requires_grad_(False).attach(gemma.model)
+    for prompt in ("The capital of France is", "def fibonacci(n):"):
+        ids = gemma.tokenizer(prompt)["input_ids"]
+        with torch.inference_mode():
+            ref = hf.generate(torch.tensor([ids]), max_new_tokens=32, do_sample=False)[0, len(ids):].tolist()
+        vanilla = generate(gemma, ids, max_new_tokens=32).token_ids
+        assert vanilla == ref
+        for spec in ("eagle:chain:4", "eagle:eagle1", "hybrid"):
+            assert generate(gemma, ids, max_new_tokens=32, method=parse_method(spec, head=head)).token_ids == vanilla

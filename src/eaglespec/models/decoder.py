@@ -492,10 +492,13 @@ class Decoder(Stack):
             sizes = (1, 2, 4, 8, 16, 24, 32, 48, 65)
             context = max(min(256, self.config.max_position_embeddings - sizes[-1]), 1)
             cache = self.new_cache(context + sizes[-1])
-            self(torch.zeros(1, context, dtype=torch.long, device=device), cache, last_logits_only=True)
+            # distinct tokens, as a draft tree's are: identical ones would all pick the same experts
+            # of a mixture of experts, and measure a fraction of what a tree's tokens read
+            ids = torch.randint(self.config.vocab_size, (context + sizes[-1],), generator=torch.Generator().manual_seed(0))
+            self(ids[None, :context].to(device), cache, last_logits_only=True)
             measured, clock = [], Clock(device)
             for n in sizes:
-                tokens = torch.zeros(1, n, dtype=torch.long, device=device)
+                tokens = ids[None, context:context + n].to(device)
                 best = float("inf")
                 for _ in range(3):
                     clock.lap()
