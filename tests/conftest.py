@@ -101,6 +101,31 @@ def tiny_pair(family: str) -> tuple[torch.nn.Module, Decoder]:
     return hf, ours
 
 
+class Digits:
+    """A stand-in tokenizer: the tiny models' token ids as text."""
+
+    chat_template = None
+    eos_token_id = None
+
+    def decode(self, ids, skip_special_tokens=True) -> str:
+        return "".join(f"<{i}>" for i in ids)
+
+
+def tiny_target(family: str, dtype: torch.dtype = torch.float32):
+    """(transformers' model, a `Target` of our decoder in `dtype` with the same weights, the
+    `Digits` tokenizer and no EOS)."""
+    from pathlib import Path
+
+    from eaglespec.models.load import Target
+
+    hf, ours = tiny_pair(family)
+    if dtype != torch.float32:
+        ours = build_decoder(ModelConfig.from_hf(hf.config), hf.state_dict(), dtype)
+        ours.pack_weights()
+    hf.generation_config.eos_token_id = None
+    return hf, Target(family, Path("."), ours, Digits(), frozenset())
+
+
 def drafted(proposer, max_depth: int):
     """A proposer's tree, drafted alone as the `Scheduler` drafts it (head forwards through a cache
     of its own)."""

@@ -22,6 +22,18 @@ def test_mask_covers_exactly_the_assistant_turns(smollm2):
     assert show(tok, CHAT).count("[[") == 2 and "[[Hello there!<|im_end|>\n]]" in show(tok, CHAT)
 
 
+def test_a_base_model_trains_on_its_turns_as_plain_paragraphs(smollm2):
+    """A tokenizer without a chat template (a base model's): the turns as paragraphs after BOS, the
+    loss on the assistant's."""
+    import copy
+
+    tok = copy.deepcopy(smollm2.tokenizer)
+    tok.chat_template = None
+    ids, mask = render(tok, CHAT, 4096)
+    assert tok.decode(ids) == (tok.bos_token or "") + "hi\n\nHello there!\n\nbye\n\nBye now."
+    assert tok.decode([t for t, m in zip(ids, mask) if m]) == "Hello there!Bye now."
+
+
 def test_truncation_keeps_mask_aligned(smollm2):
     ids, mask = render(smollm2.tokenizer, CHAT, 10)
     assert len(ids) == len(mask) == 10

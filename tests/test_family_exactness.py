@@ -5,19 +5,15 @@ decoded alone, and sampled tokens distributed as the target's (the chi-square te
 test_methods.py). The bundled Gemma-3-270M (a real model, slow tier) generates transformers' greedy
 tokens from its GGUF, and EAGLE and hybrid generate its vanilla tokens."""
 
-from pathlib import Path
-
 import pytest
 import torch
-from conftest import CONFIGS, bin_of, chi_square_p_value, decode_batch, exact_bins, tiny_pair
+from conftest import CONFIGS, bin_of, chi_square_p_value, decode_batch, exact_bins, tiny_target
 
 from eaglespec.decoding.drafters import parse_method
 from eaglespec.decoding.drafters.eagle import Eagle
 from eaglespec.decoding.generate import generate
 from eaglespec.decoding.sampling import SamplingParams
 from eaglespec.heads.head import Eagle3Head, EagleHead
-from eaglespec.models.config import ModelConfig
-from eaglespec.models.load import Target, build_decoder
 
 pytestmark = pytest.mark.usefixtures("auto_drafts_every_round")
 
@@ -27,16 +23,6 @@ METHODS = ["eagle:chain:4", "eagle:eagle1", "eagle:auto", "eagle3-exit:dynamic:t
            "eagle3-exit:auto", "pld:4", "pld", "hybrid"]
 
 
-class Digits:
-    """A stand-in tokenizer: the tiny models' token ids as text."""
-
-    chat_template = None
-    eos_token_id = None
-
-    def decode(self, ids, skip_special_tokens=True) -> str:
-        return "".join(f"<{i}>" for i in ids)
-
-
 _cache: dict = {}
 
 
@@ -44,13 +30,8 @@ def tiny(family: str, dtype: torch.dtype = torch.float32):
     """(transformers' model, our target in `dtype`, its drafters' artefacts), built once per module."""
     key = family, dtype
     if key not in _cache:
-        hf, ours = tiny_pair(family)
-        if dtype != torch.float32:
-            ours = build_decoder(ModelConfig.from_hf(hf.config), hf.state_dict(), dtype)
-            ours.pack_weights()
-        hf.generation_config.eos_token_id = None
-        target = Target(family, Path("."), ours, Digits(), frozenset())
-        c = ours.config
+        hf, target = tiny_target(family, dtype)
+        ours, c = target.model, target.model.config
         torch.manual_seed(0)
         head = EagleHead(c).to(dtype).eval().requires_grad_(False).attach(ours)
         # drafts with the target's LM head applied one layer early (see test_methods.py's eagle3_heads)

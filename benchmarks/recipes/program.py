@@ -81,6 +81,18 @@ RECIPES = {
                   "--batch", "8", "--budget-minutes", "60", "--epochs", "100", "--checkpoint-every", "10",
                   "--eval-limit", "20"],
     },
+    # a base model: no chat template, so conversations are its turns as paragraphs (training.data);
+    # human answers until the target's own are regenerated; a new head's draft vocabulary (262k
+    # tokens is too wide to draft over on a CPU)
+    "gemma-3-270m": {
+        "data": "sharegpt:1500",
+        "answer_tokens": 192, "extract_dtype": "bfloat16",
+        "conversations": 500,
+        "new_head": ["--draft-vocab", "16384"],
+        "train": ["--loss", "feature:1,ce:0.1", "--unroll", "3", "--lr", "3e-4", "--warmup-steps", "10",
+                  "--batch", "8", "--budget-minutes", "40", "--epochs", "100", "--checkpoint-every", "10",
+                  "--eval-limit", "20"],
+    },
 }
 
 
@@ -234,7 +246,11 @@ def stretch(model: str, data: str | None, new_only: bool = False, answer_tokens:
     work = CACHE / model / f"stretch-{n}"
     work.mkdir(parents=True, exist_ok=True)
     head = SHIPPED / model
-    if n == 0:  # the starting point: the shipped head as it is
+    if n == 0 and not (head / "config.json").is_file():  # no head yet: plain decoding, tau 1
+        entry = {"stretch": 0, "conversations": 0, "skip": 0, "extract_seconds": 0.0, "train_seconds": 0.0,
+                 "note": "no head before the program: stretch 1 trains one from the target's last layer",
+                 "alpha": [0.0] * 5, "chain_length": 1.0, "tokens_scored": 0, "mt_bench_tau": 1.0}
+    elif n == 0:  # the starting point: the shipped head as it is
         entry = {"stretch": 0, "conversations": 0, "skip": 0, "extract_seconds": 0.0, "train_seconds": 0.0,
                  "note": "the head shipped before the program", **measure(model, str(head), work)}
     else:
@@ -258,8 +274,9 @@ def stretch(model: str, data: str | None, new_only: bool = False, answer_tokens:
         heldout = CACHE / model / "heldout"
         run([E, "extract", "--model", model, "--split", "heldout", "--limit", str(HELDOUT), "--dtype", "float32",
              "--threads", "2", "--out", str(heldout)])
+        start = ["--init", str(head)] if (head / "config.json").is_file() else recipe["new_head"]
         train = [E, "train", "--model", model, "--train-features", str(features), "--heldout-features", str(heldout),
-                 "--init", str(head), "--out", str(work / "run"), "--threads", "2", *recipe["train"]]
+                 *start, "--out", str(work / "run"), "--threads", "2", *recipe["train"]]
         if data and skip:
             train[train.index("--epochs") + 1] = str(NEW_ONLY_EPOCHS)
         if budget_minutes:
@@ -290,7 +307,7 @@ def stretch(model: str, data: str | None, new_only: bool = False, answer_tokens:
     stretches.append(entry)
     RESULTS.mkdir(parents=True, exist_ok=True)
     write_json(ledger, ledger_path)
-    print(f"stretch {n}: alpha {', '.join(f'{a:.3f}' for a in entry['alpha'])}, tau {entry['mt_bench_tau_eagle1']:.2f} "
+    print(f"stretch {n}: alpha {', '.join(f'{a:.3f}' for a in entry['alpha'])}, tau {entry.get('mt_bench_tau_eagle1', 1):.2f} "
           f"(EAGLE-1 tree), "
           f"{hours:.2f} CPU hours in all" + ("" if n == 0 else f"; {'kept' if entry['kept'] else 'not kept'}"))
     plot()
@@ -336,7 +353,7 @@ def table() -> str:
     for path in sorted(RESULTS.glob("*.json")):
         ledger = json.loads(path.read_text())
         for s in ledger["stretches"]:
-            data = "the starting head" if s["stretch"] == 0 else f"{s['conversations']} ({s['tokens']:,})"
+            data = ("the starting head" if "no head" not in s.get("note", "") else "no head") if s["stretch"] == 0 else f"{s['conversations']} ({s['tokens']:,})"
             if "data" in s:
                 what = "new answers" if s.get("skip") else "answers"
                 data = f"{s['conversations']} of the target's own {what} ({s['tokens']:,})"

@@ -146,7 +146,6 @@ class Bench:
                      config.draft_model if needs & {Artefact.DRAFT_MODEL, "hf-assisted"} else None, config.weights,
                      config.medusa_head if Artefact.MEDUSA_HEAD in needs else None)
         self.target, self.draft = model.target, model.draft
-        chat_ids(self.target, [{"role": "user", "content": "x"}])  # refuses a model without a chat template
         if self.draft:
             check_draft_model(self.target, self.draft)
         self.model = model
@@ -213,7 +212,7 @@ class Bench:
     def run(self, progress: bool = True) -> dict:
         c = self.config
         methods = list(c.methods)
-        first = chat_ids(self.target, [{"role": "user", "content": self.items[0].turns[0]}])
+        first = chat_ids(self.target, [{"role": "user", "content": self.items[0].turns[0]}], paragraphs=True)
         for spec in methods:  # warm-up: first-call set-up is not timed
             self.run_one(spec, first, 16, c.seed)
         self.ours = self._our_methods()  # what the warm-up taught them (a suffix cache: the first answer) is not kept
@@ -256,7 +255,7 @@ class Bench:
             for n, k in enumerate(live):
                 messages[k].append({"role": "user", "content": items[k].turns[turn]})
                 params = SamplingParams(temperature=c.temperature, seed=seed + k)
-                request = Request(chat_ids(target, messages[k]), params, c.max_new_tokens, target.eos_token_ids,
+                request = Request(chat_ids(target, messages[k], paragraphs=True), params, c.max_new_tokens, target.eos_token_ids,
                                   method.bind(target, params) if method else None)
                 rows.append(Row(target.model, request, n))
             clock, finished = Clock(target.model.embed.weight.device), {}
@@ -285,7 +284,7 @@ class Bench:
         messages, out = [], []
         for turn, text in enumerate(item.turns):
             messages.append({"role": "user", "content": text})
-            run = self.run_one(spec, chat_ids(self.target, messages), self.config.max_new_tokens, seed)
+            run = self.run_one(spec, chat_ids(self.target, messages, paragraphs=True), self.config.max_new_tokens, seed)
             run.item, run.turn = item.id, turn
             out.append(run)
             answer = self.target.tokenizer.decode(run.token_ids, skip_special_tokens=True)

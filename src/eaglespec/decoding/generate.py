@@ -17,6 +17,7 @@ from eaglespec.decoding.loop import (
 from eaglespec.decoding.drafters import Method
 from eaglespec.decoding.sampling import SamplingParams
 from eaglespec.errors import InvalidArgumentError
+from eaglespec.models.conversations import as_paragraphs
 from eaglespec.models.load import Target
 
 
@@ -53,13 +54,17 @@ def prompt_ids(target: Target, prompt: str, chat: bool) -> list[int]:
     return chat_ids(target, [{"role": "user", "content": prompt}])
 
 
-def chat_ids(target: Target, messages: list[dict[str, str]]) -> list[int]:
+def chat_ids(target: Target, messages: list[dict[str, str]], paragraphs: bool = False) -> list[int]:
     """A conversation ({"role", "content"} messages) rendered with the chat template, ready for
-    the assistant's next turn."""
+    the assistant's next turn; with `paragraphs`, a base model's (no chat template) as the turns in
+    paragraphs, as its heads train on them (`models.conversations.as_paragraphs`)."""
     tokenizer = target.tokenizer
-    if not tokenizer.chat_template:
+    if tokenizer.chat_template:
+        text = tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
+    elif paragraphs:
+        text = as_paragraphs(tokenizer, messages, generation_prompt=True)
+    else:
         raise InvalidArgumentError(f"{target.name} has no chat template; use raw text (drop --chat)")
-    text = tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
     return tokenizer(text, add_special_tokens=False)["input_ids"]
 
 

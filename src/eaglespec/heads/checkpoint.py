@@ -26,7 +26,7 @@ from safetensors.torch import load_file, save_file
 
 from eaglespec.errors import EaglespecError, InvalidArgumentError
 from eaglespec.files import write_folder
-from eaglespec.heads.head import DraftHead, Eagle3Head, EagleHead, MedusaHead, check_aux_layers
+from eaglespec.heads.head import DraftHead, Eagle3Head, EagleHead, MedusaHead, check_aux_layers, default_aux_layers
 from eaglespec.models.load import Target, from_hf_state_dict, to_hf_state_dict, unknown_names
 
 # the heads we ship: package data, so that a wheel install has them too
@@ -52,6 +52,8 @@ def head_layout(head: DraftHead, target_name: str, info: dict | None = None) -> 
         "max_position_embeddings": c.max_position_embeddings, "vocab_size": c.vocab_size,
         "hidden_act": "silu", "tie_word_embeddings": False, "torch_dtype": "bfloat16",
     }
+    if c.rope_scaling:  # the target's scaled RoPE (Llama-3.x), which the head's layer shares
+        config["rope_scaling"] = {k: list(v) if isinstance(v, tuple) else v for k, v in c.rope_scaling}
     tensors = {k: v.detach().to("cpu", torch.bfloat16) for k, v in to_hf_state_dict(head.state_dict(), c).items()}
     if head.head_type == "eagle3":
         tensors = {k.replace("layers.0.", "midlayer."): v for k, v in tensors.items()}
@@ -203,7 +205,8 @@ def load_head(spec: str, target: Target, kind: str = "eagle") -> DraftHead:
     dtype = target.model.weight_like.dtype
     kind = head_type_of(config)
     if kind == "eagle3":
-        aux = tuple(config.get("eagle_aux_hidden_state_layer_ids") or ())
+        # without the target layers named, the engines read vLLM's default ones (SpecForge's heads rely on it)
+        aux = tuple(config.get("eagle_aux_hidden_state_layer_ids") or default_aux_layers(c.num_layers))
         try:
             check_aux_layers(aux, c.num_layers)
         except InvalidArgumentError as err:

@@ -4,7 +4,7 @@ Formats (what each engine's loader reads; see the README's serving section for t
 - `official`: SafeAILab's EAGLE-1/2 release, as its `eagle-llm` runtime loads it (strictly):
   pytorch_model.bin with fc.{weight,bias}, layers.N.* (layer 0 without its input norm) and a copy
   of the target's embed_tokens; a Llama-style config.json with "bias": true. Its draft layer has no
-  attention biases, so heads of families that have them (Qwen2) cannot go there.
+  attention biases, so heads that have them (Qwen2's) cannot go there.
 - `vllm`: vLLM's `EagleLlamaForCausalLM` (EAGLE-1) has no fc bias. Layer 0 has no input norm, so
   fc's bias b reaches the layer twice: in q/k/v (as W b) and in the residual stream. Both fold into
   attention biases that vLLM's Llama layer carries (config `attention_bias` for o, `qkv_bias` for
@@ -21,7 +21,9 @@ Formats (what each engine's loader reads; see the README's serving section for t
   heads only, and its EAGLE-3 layer has no attention biases), made by llama.cpp's own converter from
   the vLLM layout (bash scripts/setup_llamacpp.sh fetches and builds llama.cpp).
 Medusa heads are not exported: the engines' Medusa layouts carry an LM head per head, ours share
-the target's.
+the target's. A head's layer is Llama's for every target family (`ModelConfig.for_head`), with the
+target's RoPE: a scaled one (Llama-3.x's `llama3`) goes into the config as `rope_parameters` and
+`rope_scaling`, as SpecForge's and the engines' Llama-3 heads carry it.
 """
 
 from __future__ import annotations
@@ -49,7 +51,6 @@ FORMATS = {
 TYPES = {"official": ("eagle1",), "vllm": ("eagle1", "eagle3"), "sglang": ("eagle1", "eagle3"),
          "speculators": ("eagle3",), "llama.cpp": ("eagle3",)}
 LLAMA_CPP_FILE = "head.gguf"
-LLAMA_LAYERS = ("llama", "mistral")  # families whose decoder layer is Llama's
 
 
 def check_out(out: Path, force: bool) -> None:
@@ -70,7 +71,10 @@ def _llama_config(config: dict) -> dict:
             "num_hidden_layers", "rms_norm_eps", "rope_theta", "max_position_embeddings", "vocab_size",
             "hidden_act", "tie_word_embeddings", "torch_dtype")
     out = {"architectures": ["LlamaForCausalLM"], "model_type": "llama", **{k: config[k] for k in keep}}
-    out["rope_parameters"] = {"rope_type": "default", "rope_theta": config["rope_theta"]}
+    scaling = config.get("rope_scaling")
+    out["rope_parameters"] = {"rope_type": "default", **(scaling or {}), "rope_theta": config["rope_theta"]}
+    if scaling:  # the key older engines read
+        out["rope_scaling"] = scaling
     return out
 
 
@@ -190,7 +194,7 @@ def engine_files(head, target: Target, fmt: str) -> tuple[dict, dict[str, torch.
             config = _speculators_config(config, target)
         return config, tensors, None
     if fmt == "official":
-        if _has_qkv_bias(tensors) or family not in LLAMA_LAYERS:
+        if _has_qkv_bias(tensors):
             raise InvalidArgumentError(f"the official EAGLE runtime's draft layer is Llama's, without attention "
                                        f"biases; this {family} head has them: use --format sglang or vllm")
         config = _llama_config(config) | {"bias": True}
@@ -198,15 +202,15 @@ def engine_files(head, target: Target, fmt: str) -> tuple[dict, dict[str, torch.
     elif fmt == "vllm":
         _fold_fc_bias(tensors, config["num_hidden_layers"])
         config = _llama_config(config) | {"attention_bias": True, "qkv_bias": True}
-    elif family in LLAMA_LAYERS:  # sglang
+    elif not _has_qkv_bias(tensors):  # sglang: a Llama layer
         config = _llama_config(config) | {"architectures": ["LlamaForCausalLMEagle"]}
         token_map = draft_vocab
     elif family == "qwen2":
         config = {k: v for k, v in config.items() if k != "bias"} | {"architectures": ["Qwen2ForCausalLMEagle"]}
         token_map = draft_vocab
     else:
-        raise InvalidArgumentError(f"SGLang has EAGLE-1 drafts of Llama and Qwen2 layers, not {family}: "
-                                   "use --format vllm")
+        raise InvalidArgumentError(f"SGLang has EAGLE-1 drafts of Llama layers and Qwen2's biased ones, not a "
+                                   f"biased {family} layer: use --format vllm")
     config["eaglespec"] = ours
     _validate(fmt, kind, config, tensors)
     return config, tensors, token_map

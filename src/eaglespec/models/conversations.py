@@ -15,6 +15,7 @@ from eaglespec.errors import InvalidArgumentError
 from eaglespec.models.fetch import fetch_dataset
 from eaglespec.models.registry import DATASETS
 
+PARAGRAPH = "\n\n"  # between a conversation's turns, for a base model (no chat template)
 HELDOUT_FRACTION = 0.02  # of conversations held out (by id), never trained on
 SPLIT_SEED = 0
 
@@ -52,6 +53,13 @@ class ReadReport:
         if self.truncated_tail:
             parts.append("the file ends inside a conversation: the incomplete one was dropped")
         return "; ".join(parts)
+
+
+def as_paragraphs(tokenizer, messages: list[dict[str, str]], generation_prompt: bool = False) -> str:
+    """A conversation as a base model without a chat template reads it: its BOS, then the turns as
+    paragraphs (and, for the next turn, the paragraph break before it)."""
+    text = (tokenizer.bos_token or "") + PARAGRAPH.join(m["content"] for m in messages)
+    return text + (PARAGRAPH if generation_prompt and messages else "")
 
 
 def _messages(turns: list, role_key: str, content_key: str) -> list[dict[str, str]]:

@@ -1,10 +1,11 @@
 """Training data: conversations (`models.conversations`) rendered with the target's own chat
-template, with a loss mask over assistant tokens."""
+template (a base model without one: the turns as plain paragraphs after its BOS), with a loss mask
+over assistant tokens."""
 
 from __future__ import annotations
 
 from eaglespec.errors import InvalidArgumentError
-from eaglespec.models.conversations import Conversation
+from eaglespec.models.conversations import Conversation, as_paragraphs
 
 
 def render(tokenizer, conversation: Conversation, max_len: int,
@@ -22,6 +23,8 @@ def render(tokenizer, conversation: Conversation, max_len: int,
     msgs = conversation.messages
 
     def text_of(messages, generation_prompt=False):
+        if not tokenizer.chat_template:  # a base model: what it continues is plain text
+            return as_paragraphs(tokenizer, messages, generation_prompt)
         return tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=generation_prompt)
 
     full = text_of(msgs)

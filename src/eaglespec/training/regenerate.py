@@ -76,7 +76,7 @@ def answer_conversations(target: Target, conversations: list[Conversation], conf
                     if config.turns and users[k] > config.turns:
                         break
                 if message["role"] == "assistant":
-                    ids = chat_ids(target, messages[k])
+                    ids = chat_ids(target, messages[k], paragraphs=True)
                     break
                 messages[k].append(message)
             if ids is not None and len(ids) <= config.max_prompt_tokens:

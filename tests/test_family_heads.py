@@ -1,0 +1,91 @@
+"""EAGLE-3 heads of Qwen3 and Llama-3 targets in the layout the field writes them in (SpecForge's,
+which vLLM and SGLang load: `LlamaForCausalLMEagle3`, `midlayer.*`, `d2t` as offsets, `t2d`, the
+target layers under `eagle_config` or at the top): such a head loads with its tensors intact, drafts
+vanilla's tokens, and exports to the vLLM, SGLang and speculators layouts, which read back to the
+same head; a Llama-3 target's scaled RoPE travels in the exported config."""
+
+import json
+from dataclasses import replace
+
+import pytest
+import torch
+from conftest import tiny_target
+from safetensors.torch import save_file
+
+from eaglespec.decoding.drafters.eagle import Eagle
+from eaglespec.decoding.generate import generate
+from eaglespec.heads.checkpoint import load_head
+from eaglespec.heads.export import export_head
+
+DRAFT = 40  # draft vocabulary
+
+
+def specforge_head(target, folder, aux_at_top: bool) -> dict[str, torch.Tensor]:
+    """A random EAGLE-3 head for `target` written as SpecForge writes one; returns its tensors."""
+    c = target.model.config
+    h, q, kv, inter = c.hidden_size, c.num_heads * c.head_dim, c.num_kv_heads * c.head_dim, c.intermediate_size
+    g = torch.Generator().manual_seed(0)
+
+    def random(*shape, mean=0.0):
+        return (mean + 0.05 * torch.randn(*shape, generator=g)).to(torch.bfloat16)
+
+    vocab = torch.randperm(c.vocab_size, generator=g)[:DRAFT].sort().values
+    t2d = torch.zeros(c.vocab_size, dtype=torch.bool)
+    t2d[vocab] = True
+    m = "midlayer."
+    tensors = {"fc.weight": random(h, 3 * h), "norm.weight": random(h, mean=1.0), "lm_head.weight": random(DRAFT, h),
+               m + "input_layernorm.weight": random(h, mean=1.0), m + "hidden_norm.weight": random(h, mean=1.0),
+               m + "post_attention_layernorm.weight": random(h, mean=1.0),
+               m + "self_attn.q_proj.weight": random(q, 2 * h), m + "self_attn.k_proj.weight": random(kv, 2 * h),
+               m + "self_attn.v_proj.weight": random(kv, 2 * h), m + "self_attn.o_proj.weight": random(h, q),
+               m + "mlp.gate_proj.weight": random(inter, h), m + "mlp.up_proj.weight": random(inter, h),
+               m + "mlp.down_proj.weight": random(h, inter),
+               "d2t": vocab - torch.arange(DRAFT), "t2d": t2d}
+    config = {"architectures": ["LlamaForCausalLMEagle3"], "model_type": "llama", "hidden_size": h,
+              "intermediate_size": inter, "num_attention_heads": c.num_heads, "num_key_value_heads": c.num_kv_heads,
+              "head_dim": c.head_dim, "num_hidden_layers": 1, "rms_norm_eps": c.rms_norm_eps, "hidden_act": "silu",
+              "rope_theta": c.rope_theta, "max_position_embeddings": c.max_position_embeddings,
+              "vocab_size": c.vocab_size, "draft_vocab_size": DRAFT, "tie_word_embeddings": False,
+              "torch_dtype": "bfloat16"}
+    if c.rope_scaling:
+        config["rope_scaling"] = dict(c.rope_scaling)
+    aux = [0, 1, c.num_layers - 1]
+    config |= {"eagle_aux_hidden_state_layer_ids": aux} if aux_at_top else {"eagle_config": {"eagle_aux_hidden_state_layer_ids": aux}}
+    folder.mkdir()
+    (folder / "config.json").write_text(json.dumps(config))
+    save_file(tensors, str(folder / "model.safetensors"))
+    return tensors
+
+
+def head_tensors(head) -> dict[str, torch.Tensor]:
+    return {k: v.float() for k, v in head.state_dict().items()}
+
+
+@pytest.mark.parametrize("family", ["qwen3", "llama3-rope"])
+def test_specforge_eagle3_heads_load_draft_and_export(family, tmp_path):
+    hf, target = tiny_target(family)
+    hf.config.save_pretrained(tmp_path / "target")  # the verifier's config, which speculators names
+    target = replace(target, folder=tmp_path / "target")
+    written = specforge_head(target, tmp_path / "specforge", aux_at_top=family == "qwen3")
+    head = load_head(str(tmp_path / "specforge"), target)
+    assert head.reads == (0, 1, 2)
+    assert torch.equal(head.fc.weight, written["fc.weight"].float())
+    assert torch.equal(head.layers[0].attn.o.weight, written["midlayer.self_attn.o_proj.weight"].float())
+    assert torch.equal(head.to_target(torch.arange(DRAFT)), written["d2t"] + torch.arange(DRAFT))
+    prompts = [[5, 17, 33, 5, 17, 33, 5, 17], [60, 2, 91, 44, 8]]
+    method = Eagle(head, "chain:3")
+    assert [generate(target, p, max_new_tokens=24, method=method).token_ids for p in prompts] == \
+        [generate(target, p, max_new_tokens=24).token_ids for p in prompts]
+    for fmt in ("vllm", "sglang", "speculators"):
+        out = tmp_path / fmt
+        export_head(str(tmp_path / "specforge"), target, fmt, out)
+        config = json.loads((out / "config.json").read_text())
+        layer = config.get("transformer_layer_config", config)  # speculators nests the layer's config
+        assert layer["rope_parameters"]["rope_theta"] == target.model.config.rope_theta
+        if family == "llama3-rope":
+            assert layer["rope_parameters"]["rope_type"] == layer["rope_scaling"]["rope_type"] == "llama3"
+            assert layer["rope_scaling"]["original_max_position_embeddings"] == 32
+        back = load_head(str(out), target)
+        assert head_tensors(back).keys() == head_tensors(head).keys()
+        assert all(torch.equal(a, head_tensors(head)[k]) for k, a in head_tensors(back).items()), fmt
+        assert torch.equal(back.to_target(torch.arange(DRAFT)), head.to_target(torch.arange(DRAFT)))
