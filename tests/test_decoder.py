@@ -184,7 +184,7 @@ def test_the_cpp_layer_stack_equals_the_python_layers(family, dtype, weights):
     quantize(ours, weights, dtype)
     ours.pack_weights()
     if ours.layer_stack() is None:
-        pytest.skip("this configuration runs the Python layers (no C++ kernels, oneDNN-packed weights, or experts)")
+        pytest.skip("this configuration runs the Python layers (no C++ kernels, or oneDNN-packed weights)")
     g = torch.Generator().manual_seed(8)
     prefix = torch.randint(0, 97, (1, 70), generator=g)
     nodes = torch.randint(0, 97, (1, len(TREE_PARENTS)), generator=g)

@@ -5,6 +5,7 @@ it has not seen, with the CPU time behind every step recorded (acceptance per CP
     .venv/bin/python benchmarks/recipes/program.py smollm2-135m-instruct --slice    # the next ShareGPT slice
     .venv/bin/python benchmarks/recipes/program.py smollm2-135m-instruct --data data/regenerated/smollm2-135m-instruct --new-only
     .venv/bin/python benchmarks/recipes/program.py smollm2-135m-instruct --data ... --budget-minutes 60 --draft-vocab 8192
+    .venv/bin/python benchmarks/recipes/program.py gemma-3-270m --budget-minutes 30   # a base model's first head
     .venv/bin/python benchmarks/recipes/program.py --report     # program.png and the README table
 
 A stretch extracts the recipe's data (the target's own answers from `eaglespec regenerate` and human
@@ -20,7 +21,9 @@ else on human answers. `--answer-tokens N` trains on the first N tokens of each 
 minutes instead of the recipe's, and `--draft-vocab N` picks an EAGLE-1 head's draft vocabulary anew
 from the stretch's data (`train --draft-vocab`). Stretch 0 measures the head it starts from. The ledger
 `benchmarks/results/program/MODEL.json` keeps each stretch's slice, commands, seconds and figures;
-`program.png` plots them against CPU hours. Every step resumes where it stopped (extraction
+`program.png` plots them against CPU hours. A model without a shipped head (gemma-3-270m) starts
+from nothing: stretch 0 records plain decoding (tau 1) and stretch 1 trains a head from the target's
+last layer with the recipe's `new_head` options (its draft vocabulary). Every step resumes where it stopped (extraction
 shards, training checkpoints); a stretch should fit in one session (commit the ledger and the head
 after each). A `--data` stretch links the shards of the conversations the stretch before extracted
 from its cache where that is still there (`extract --reuse`), and counts only its new shards' time.
@@ -82,12 +85,12 @@ RECIPES = {
                   "--eval-limit", "20"],
     },
     # a base model: no chat template, so conversations are its turns as paragraphs (training.data);
-    # human answers until the target's own are regenerated; a new head's draft vocabulary (262k
-    # tokens is too wide to draft over on a CPU)
+    # ShareGPT slices of human answers (no `data`) until the target's own are regenerated; a new
+    # head's draft vocabulary (262k tokens is too wide to draft over on a CPU)
     "gemma-3-270m": {
-        "data": "sharegpt:1500",
+        "data": None,
         "answer_tokens": 192, "extract_dtype": "bfloat16",
-        "conversations": 500,
+        "conversations": 1200,
         "new_head": ["--draft-vocab", "16384"],
         "train": ["--loss", "feature:1,ce:0.1", "--unroll", "3", "--lr", "3e-4", "--warmup-steps", "10",
                   "--batch", "8", "--budget-minutes", "40", "--epochs", "100", "--checkpoint-every", "10",

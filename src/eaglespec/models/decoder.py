@@ -16,6 +16,7 @@ from torch import Tensor, nn
 
 from eaglespec.models import kernels
 from eaglespec.models.config import ModelConfig
+from eaglespec.models.families.moe import MoE
 from eaglespec.models.costs import ForwardCosts
 from eaglespec.models.kernels import plain_cpu, row_attention, row_linear
 from eaglespec.models.quantize import QuantizedLinear
@@ -404,9 +405,9 @@ class Stack(nn.Module):
 
         if self.weight_like.device.type != "cpu" or self.weight_like.dtype not in (torch.float32, torch.bfloat16):
             return None
-        norms, flags, linears = [], [], []
+        norms, flags, attention, mlps = [], [], [], []
         for layer in self.layers:
-            if type(layer) is not Layer or type(layer.mlp) is not MLP:
+            if type(layer) is not Layer:
                 return None
             if isinstance(layer.input_norm, RMSNorm):
                 input_norm = layer.input_norm.weight.detach()
@@ -420,20 +421,38 @@ class Stack(nn.Module):
             norms += [input_norm, layer.post_attn_norm.weight.detach(),
                       *(None if w is None else w.detach() for w in optional)]
             flags += [layer.windowed, layer.local_rope]
-            for linear in (layer.attn.qkv, layer.attn.o, layer.mlp.gate_up, layer.mlp.down):
-                bias = None if linear.bias is None else linear.bias.detach()
-                if isinstance(linear, QuantizedLinear):
-                    spec = (2 if linear.kind == "int4" else 3, linear.packed, linear.scale_offset)
-                elif linear.packed is not None and linear.packed[0] == "tiles":
-                    spec = (0, linear.packed[1], None)
-                elif linear.packed is None and linear.weight.dtype == torch.float32:
-                    spec = (1, linear.weight.detach(), None)
-                else:  # oneDNN-packed or unpacked bf16 weights: the Python layers
-                    return None
-                linears.append((*spec, bias, linear.out_features))
+            mlp = layer.mlp
+            if isinstance(mlp, Experts):  # in decoder.Experts' order
+                linears = [mlp.router, *(x for e in mlp.experts for x in (e.gate_up, e.down))]
+                if hasattr(mlp, "shared"):
+                    linears += [mlp.shared.gate_up, mlp.shared.down, mlp.shared_gate]
+            else:
+                linears = [mlp.gate_up, mlp.down]
+            specs = [self._linear_spec(linear) for linear in (layer.attn.qkv, layer.attn.o, *linears)]
+            if None in specs:  # oneDNN-packed or unpacked bf16 weights: the Python layers
+                return None
+            attention += specs[:2]
+            mlps.append(specs[2:])
         c = self.config
-        return kernels.layer_stack(norms, flags, linears, c.num_heads, c.num_kv_heads, c.rms_norm_eps,
-                                   self.layers[0].attn.scale, c.activation == "gelu_tanh")
+        moe = c.moe or MoE(0, 0, 0, False)
+        return kernels.layer_stack(norms, flags, attention, mlps, c.num_heads, c.num_kv_heads, c.rms_norm_eps,
+                                   self.layers[0].attn.scale, c.activation == "gelu_tanh", moe.experts, moe.top_k,
+                                   moe.normalize)
+
+    @staticmethod
+    def _linear_spec(linear: nn.Module) -> tuple | None:
+        """A linear as layer_stack.cpp takes it: (kind, weight, scales, bias, out_features); None
+        where the stack does not run it."""
+        bias = None if linear.bias is None else linear.bias.detach()
+        if isinstance(linear, QuantizedLinear):
+            spec = (2 if linear.kind == "int4" else 3, linear.packed, linear.scale_offset)
+        elif linear.packed is not None and linear.packed[0] == "tiles":
+            spec = (0, linear.packed[1], None)
+        elif linear.packed is None and linear.weight.dtype == torch.float32:
+            spec = (1, linear.weight.detach(), None)
+        else:
+            return None
+        return (*spec, bias, linear.out_features)
 
     def _windowed(self, mask: Tensor | None, positions: Tensor, cached: Tensor, T: int) -> Tensor:
         """Add the sliding-window limit to a mask (Mistral): a key sits at most window-1 behind.

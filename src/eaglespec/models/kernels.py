@@ -203,8 +203,9 @@ def rope_store(qkv: Tensor, cos: Tensor, sin: Tensor, k_cache: Tensor, v_cache: 
     return module.rope_store(qkv, cos, sin, k_cache, v_cache, start, heads, kv_heads, q_norm, k_norm, eps)
 
 
-def layer_stack(norms: list, flags: list, linears: list, heads: int, kv_heads: int, eps: float, scale: float,
-                gelu: bool):
+def layer_stack(norms: list, flags: list, attention: list, mlps: list, heads: int, kv_heads: int, eps: float,
+                scale: float, gelu: bool, experts: int, top_k: int, normalize: bool):
     """A `LayerStack` (layer_stack.cpp) over these layers' weights, or None without built kernels."""
     module = _load()
-    return None if module is None else module.LayerStack(norms, flags, linears, heads, kv_heads, eps, scale, gelu)
+    return None if module is None else module.LayerStack(norms, flags, attention, mlps, heads, kv_heads, eps, scale,
+                                                         gelu, experts, top_k, normalize)

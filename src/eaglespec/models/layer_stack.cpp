@@ -8,7 +8,9 @@
 // head's, whose layer has no input norm) from each layer's weights: six norm weights (input, the
 // MLP's input, the query's and key's, the attention's and the MLP's outputs; all but the second may
 // be none), two flags (whether the sliding window limits the layer, whether it takes the local
-// RoPE tables) and four linears, each linear one of
+// RoPE tables), two attention linears and its MLP's: gate_up and down, or a mixture of experts'
+// router, each expert's gate_up and down and a shared expert's gate_up, down and gate (the
+// operations of decoder.Experts, in its order); each linear one of
 //   TILES  bf16 weights packed for row_linear_bf16 (AVX-512 BF16)
 //   FP32   fp32 weights: row_linear up to 128 rows, else MKL with rows padded to a multiple of 4
 //   INT4   row_linear_int4 (weights from pack_int4: 3-d), else torch's _weight_int4pack_mm_for_cpu,
@@ -94,7 +96,8 @@ struct LayerWeights {
   torch::Tensor post_attn_norm;
   c10::optional<torch::Tensor> q_norm, k_norm, attn_out_norm, mlp_out_norm;  // where the family has them
   bool windowed, local_rope;
-  LinearSpec qkv, o, gate_up, down;
+  LinearSpec qkv, o;
+  std::vector<LinearSpec> mlp;  // gate_up, down; or router, (gate_up, down) per expert[, shared gate_up, down, gate]
 };
 
 using Norms = std::vector<c10::optional<torch::Tensor>>;
@@ -103,22 +106,30 @@ using Linears = std::vector<std::tuple<int64_t, torch::Tensor, c10::optional<tor
 class LayerStack {
  public:
   // norms: 6 per layer (input, post-attention, q, k, attention output, MLP output; None where absent);
-  // flags: 2 per layer (windowed, local RoPE); linears: 4 per layer (qkv, o, gate_up, down), each
-  // (kind, weight, scales or None, bias or None, out_features); scale: the attention's; gelu: GeGLU
-  LayerStack(Norms norms, std::vector<bool> flags, Linears linears, int64_t heads, int64_t kv_heads, double eps,
-             double scale, bool gelu)
-      : heads_(heads), kv_heads_(kv_heads), eps_(eps), scale_(scale), gelu_(gelu) {
-    const size_t L = linears.size() / 4;
-    TORCH_CHECK(linears.size() == 4 * L && norms.size() == 6 * L && flags.size() == 2 * L,
-                "LayerStack: 6 norms, 2 flags and 4 linears a layer");
+  // flags: 2 per layer (windowed, local RoPE); attention: 2 linears per layer (qkv, o); mlps: per
+  // layer its MLP's linears (see LayerWeights); each linear (kind, weight, scales or None, bias or
+  // None, out_features); scale: the attention's; gelu: GeGLU; experts, top_k, normalize: the
+  // mixture of experts' (where a layer has one)
+  LayerStack(Norms norms, std::vector<bool> flags, Linears attention, std::vector<Linears> mlps, int64_t heads,
+             int64_t kv_heads, double eps, double scale, bool gelu, int64_t experts, int64_t top_k, bool normalize)
+      : heads_(heads), kv_heads_(kv_heads), eps_(eps), scale_(scale), gelu_(gelu), experts_(experts), top_k_(top_k),
+        normalize_(normalize) {
+    const size_t L = mlps.size();
+    TORCH_CHECK(attention.size() == 2 * L && norms.size() == 6 * L && flags.size() == 2 * L,
+                "LayerStack: 6 norms, 2 flags, 2 attention linears and an MLP a layer");
     auto spec = [](const auto& t) {
       const auto& [kind, weight, scales, bias, out] = t;
       return LinearSpec{kind, weight, scales.has_value() ? *scales : torch::Tensor(), bias, out};
     };
     for (size_t i = 0; i < L; ++i) {
       const auto* n = &norms[6 * i];
-      layers_.push_back({n[0], *n[1], n[2], n[3], n[4], n[5], flags[2 * i], flags[2 * i + 1], spec(linears[4 * i]),
-                         spec(linears[4 * i + 1]), spec(linears[4 * i + 2]), spec(linears[4 * i + 3])});
+      std::vector<LinearSpec> mlp;
+      for (const auto& t : mlps[i]) mlp.push_back(spec(t));
+      const size_t size = mlp.size();
+      TORCH_CHECK(size == 2 || size == 1 + 2 * static_cast<size_t>(experts) ||
+                  size == 4 + 2 * static_cast<size_t>(experts), "LayerStack: an MLP's linears");
+      layers_.push_back({n[0], *n[1], n[2], n[3], n[4], n[5], flags[2 * i], flags[2 * i + 1], spec(attention[2 * i]),
+                         spec(attention[2 * i + 1]), std::move(mlp)});
     }
   }
 
@@ -153,7 +164,7 @@ class LayerStack {
       }
       y = w.o(y.transpose(1, 2).reshape({B, T, heads_ * D}));
       x = x + (w.attn_out_norm.has_value() ? rms_norm(y, *w.attn_out_norm, eps_) : y);
-      y = w.down(gated(w.gate_up(rms_norm(x, w.post_attn_norm, eps_)), gelu_));
+      y = mlp(w.mlp, rms_norm(x, w.post_attn_norm, eps_));
       x = x + (w.mlp_out_norm.has_value() ? rms_norm(y, *w.mlp_out_norm, eps_) : y);
     }
     if (captured(L)) out.push_back(x);
@@ -162,16 +173,46 @@ class LayerStack {
   }
 
  private:
+  // x [B, T, H] through a layer's MLP: gated, or its experts as decoder.Experts runs them
+  torch::Tensor mlp(const std::vector<LinearSpec>& m, const torch::Tensor& x) const {
+    if (m.size() == 2) return m[1](gated(m[0](x), gelu_));
+    const int64_t H = x.size(2);
+    auto rows = x.reshape({1, -1, H});
+    auto chosen_weights = at::softmax(m[0](rows).to(at::kFloat), -1).topk(top_k_, -1);
+    auto weights = std::get<0>(chosen_weights);
+    const auto chosen = std::get<1>(chosen_weights).squeeze(0);  // [M, k]
+    if (normalize_) weights = weights / weights.sum(-1, true);
+    weights = weights.to(x.scalar_type()).squeeze(0);
+    auto out = at::zeros_like(rows.squeeze(0));
+    const auto picks = std::get<0>(at::_unique(chosen, true));  // ascending
+    const auto* ids = picks.data_ptr<int64_t>();
+    for (int64_t i = 0; i < picks.numel(); ++i) {
+      const int64_t e = ids[i];
+      const auto where = at::nonzero(chosen == e);
+      const auto picked = where.select(1, 0), slot = where.select(1, 1);
+      auto y = m[2 + 2 * e](gated(m[1 + 2 * e](rows.index_select(1, picked)), gelu_)).squeeze(0);
+      out.index_add_(0, picked, y * weights.index({picked, slot}).unsqueeze(-1));
+    }
+    if (m.size() == 4 + 2 * static_cast<size_t>(experts_)) {  // the shared expert, under its sigmoid gate
+      const size_t s = 1 + 2 * experts_;
+      out = out + (at::sigmoid(m[s + 2](rows)) * m[s + 1](gated(m[s](rows), gelu_))).squeeze(0);
+    }
+    return out.view(x.sizes());
+  }
+
   std::vector<LayerWeights> layers_;
   int64_t heads_, kv_heads_;
   double eps_, scale_;
   bool gelu_;
+  int64_t experts_, top_k_;
+  bool normalize_;
 };
 
 }  // namespace
 
 void bind_layer_stack(pybind11::module& module) {
   pybind11::class_<LayerStack>(module, "LayerStack")
-      .def(pybind11::init<Norms, std::vector<bool>, Linears, int64_t, int64_t, double, double, bool>())
+      .def(pybind11::init<Norms, std::vector<bool>, Linears, std::vector<Linears>, int64_t, int64_t, double, double, bool,
+                          int64_t, int64_t, bool>())
       .def("run", &LayerStack::run);
 }
