@@ -26,7 +26,7 @@ from transformers import AutoModelForCausalLM
 
 from common import FORMATS, PEER, formats_option, machine, write_json
 from eaglespec.models.llamacpp import LlamaServer, peer_gguf
-from eaglespec.decoding.generate import generate, prompt_ids
+from eaglespec.decoding.generate import chat_ids, generate
 from eaglespec.models.decoder import Linear
 from eaglespec.models.load import load_target
 
@@ -99,7 +99,7 @@ def main() -> None:
         for label, weights in peers.items():
             servers[label] = LlamaServer("llama.cpp", peer_gguf(name, weights, "bfloat16"), args.threads)
             runners[label] = lambda ids, n, s=servers[label]: time_peer(s, ids, n)
-        all_ids = [prompt_ids(target, prompt, chat=True) for prompt in PROMPTS]
+        all_ids = [chat_ids(target, [{"role": "user", "content": prompt}], paragraphs=True) for prompt in PROMPTS]
         for run in runners.values():  # warm-up
             run(all_ids[0], 8)
         speeds = {k: [] for k in runners}

@@ -90,7 +90,7 @@ RECIPES = {
     "gemma-3-270m": {
         "data": None,
         "answer_tokens": 192, "extract_dtype": "bfloat16",
-        "conversations": 1200,
+        "conversations": 600,
         "new_head": ["--draft-vocab", "16384"],
         "train": ["--loss", "feature:1,ce:0.1", "--unroll", "3", "--lr", "3e-4", "--warmup-steps", "10",
                   "--batch", "8", "--budget-minutes", "40", "--epochs", "100", "--checkpoint-every", "10",
