@@ -3,6 +3,8 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/setup.sh
+# llama.cpp's converter, which the GGUF tests run (the source only: seconds, no build)
+bash scripts/setup_llamacpp.sh --source >/dev/null
 # the server's page is tested in headless Chromium: Debian's, where this machine can install it
 if ! { command -v chromium && command -v chromedriver; } >/dev/null; then
     if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null; then

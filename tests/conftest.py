@@ -80,25 +80,30 @@ CONFIGS = {
 NEW_FAMILIES = [name for name in CONFIGS if name not in ("llama", "qwen2", "mistral")]
 
 
-def tiny_pair(family: str) -> tuple[torch.nn.Module, Decoder]:
-    """A tiny random model of a family: (transformers' model, our decoder with the same weights).
-    Biases, norms (Gemma's 1 + w included) and routers are random too, so that a dropped or misread
-    one cannot pass, and the final norm is scaled up, so that the next-token distribution has
-    likely tokens (for the sampling tests) and greedy choices are clear."""
+def random_model(config) -> torch.nn.Module:
+    """transformers' model of `config`, random: biases, norms (Gemma's 1 + w included) and routers
+    too, so that a dropped or misread one cannot pass, and the final norm scaled up, so that the
+    next-token distribution has likely tokens (for the sampling tests) and greedy choices are clear."""
     torch.manual_seed(0)
-    hf = AutoModelForCausalLM.from_config(CONFIGS[family], attn_implementation="sdpa").float().eval()
+    hf = AutoModelForCausalLM.from_config(config, attn_implementation="sdpa").float().eval()
+    gemma = config.model_type == "gemma3_text"
     with torch.no_grad():
         for name, p in hf.named_parameters():
             if name.endswith("bias"):
                 torch.nn.init.normal_(p, std=0.5)
             elif "norm" in name:
-                torch.nn.init.normal_(p, mean=0.0 if family == "gemma3_text" else 1.0, std=0.3)
+                torch.nn.init.normal_(p, mean=0.0 if gemma else 1.0, std=0.3)
             elif name.endswith("mlp.gate.weight") or name.endswith("shared_expert_gate.weight"):
                 torch.nn.init.normal_(p, std=1.0)
         final = hf.model.norm.weight
-        final.copy_((1 + final) * 8 - 1 if family == "gemma3_text" else final * 8)
-    ours = build_decoder(ModelConfig.from_hf(hf.config), hf.state_dict(), torch.float32)
-    return hf, ours
+        final.copy_((1 + final) * 8 - 1 if gemma else final * 8)
+    return hf
+
+
+def tiny_pair(family: str) -> tuple[torch.nn.Module, Decoder]:
+    """A tiny random model of a family (`random_model`): (transformers' model, our decoder with the same weights)."""
+    hf = random_model(CONFIGS[family])
+    return hf, build_decoder(ModelConfig.from_hf(hf.config), hf.state_dict(), torch.float32)
 
 
 class Digits:

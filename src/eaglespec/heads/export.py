@@ -72,6 +72,10 @@ def _llama_config(config: dict) -> dict:
             "hidden_act", "tie_word_embeddings", "torch_dtype")
     out = {"architectures": ["LlamaForCausalLM"], "model_type": "llama", **{k: config[k] for k in keep}}
     scaling = config.get("rope_scaling")
+    if (scaling or {}).get("rope_type") == "freq_factors":
+        raise InvalidArgumentError("the head's target was read from a GGUF file, which keeps Llama-3's RoPE as "
+                                   "llama.cpp's per-frequency factors, and engines read the llama3 parameters: "
+                                   "export with the target's Hugging Face folder as --model")
     out["rope_parameters"] = {"rope_type": "default", **(scaling or {}), "rope_theta": config["rope_theta"]}
     if scaling:  # the key older engines read
         out["rope_scaling"] = scaling

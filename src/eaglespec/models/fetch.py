@@ -21,6 +21,7 @@ import torch
 from tqdm import tqdm
 
 from eaglespec.errors import CorruptWeightsError, FetchError, UnsupportedModelError
+from eaglespec.models import gguf_extras
 from eaglespec.models.families import FAMILIES, family_of
 from eaglespec.models.registry import Bundle, Part, cache_root
 
@@ -153,6 +154,7 @@ def convert_gguf(gguf: Path, out: Path) -> None:
     config.architectures = [type(skeleton).__name__]  # other runtimes pick their model class by it
     parsed = load_gguf_checkpoint(str(gguf), return_tensors=True, model_to_load=skeleton)
     tensors = {name: t.float().contiguous() for name, t in parsed["tensors"].items()}
+    config, tensors = gguf_extras.complete(config, gguf, tensors)  # what transformers' reader leaves out
     tokenizer = AutoTokenizer.from_pretrained(str(gguf.parent), gguf_file=gguf.name)
 
     tmp = out.parent / f".{out.name}.tmp{os.getpid()}"

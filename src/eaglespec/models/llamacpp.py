@@ -45,6 +45,7 @@ DRAFTERS = {"llama.cpp-draft": "a draft model: pass --draft-model", "llama.cpp-e
 GGUF_TYPES = {("dense", "bfloat16"): "BF16", ("dense", "float32"): "F32", ("int8", "bfloat16"): "Q8_0",
               ("int8", "float32"): "Q8_0"}
 SETUP = "bash scripts/setup_llamacpp.sh"
+SOURCE_VERSION = "0.3.36"  # the llama-cpp-python sdist whose llama.cpp source setup_llamacpp.sh builds
 STARTUP_SECONDS = 300
 
 
@@ -98,20 +99,32 @@ def check_eagle3_head(head) -> None:
                                    "(the target family's) has them: it runs in vLLM and SGLang, not llama.cpp")
 
 
-def convert_eagle3(layout: Path, target_folder: Path, out: Path) -> None:
-    """llama.cpp's own converter (convert_hf_to_gguf.py, from the source the programs were built
-    from) on an EAGLE-3 head in vLLM's layout, with the target's config and tokenizer
-    (`--target-model-dir`), to the GGUF that draft-eagle3 loads, in f32 (the head's bf16 values exactly)."""
-    version = (programs() / "VERSION").read_text().strip().split("-")[1]  # build-0.3.36[-noamx]
-    source = cache_root() / "llama.cpp" / f"src-{version}"
-    if importlib.util.find_spec("sentencepiece") is None:  # the converter imports it whatever the tokenizer
-        raise MissingDependencyError(f"llama.cpp's converter needs sentencepiece: run `{SETUP}`")
-    command = [sys.executable, str(source / "convert_hf_to_gguf.py"), str(layout), "--target-model-dir",
-               str(target_folder), "--outfile", str(out), "--outtype", "f32"]
-    env = os.environ | {"PYTHONPATH": os.pathsep.join([str(source / "gguf-py"), os.environ.get("PYTHONPATH", "")])}
+def source() -> Path:
+    """The llama.cpp source (its converter and gguf-py), or a one-line error saying how to fetch it."""
+    folder = cache_root() / "llama.cpp" / f"src-{SOURCE_VERSION}"
+    if not (folder / "convert_hf_to_gguf.py").is_file() or importlib.util.find_spec("sentencepiece") is None:
+        raise MissingDependencyError(f"llama.cpp's converter is not here: run `{SETUP} --source` (seconds; "
+                                     f"`{SETUP}` also builds the programs)")
+    return folder
+
+
+def convert_hf(folder: Path, out: Path, *options: str) -> None:
+    """llama.cpp's own converter (convert_hf_to_gguf.py) on a Hugging Face folder, to an f32 GGUF
+    (every value exactly; bf16 ones too) at `out`."""
+    src = source()
+    command = [sys.executable, str(src / "convert_hf_to_gguf.py"), str(folder), "--outfile", str(out),
+               "--outtype", "f32", *options]
+    env = os.environ | {"PYTHONPATH": os.pathsep.join([str(src / "gguf-py"), os.environ.get("PYTHONPATH", "")])}
     done = subprocess.run(command, capture_output=True, text=True, env=env)
     if done.returncode != 0:
-        raise InvalidArgumentError(f"llama.cpp's converter refused the head: {(done.stderr.strip().splitlines() or ['?'])[-1]}")
+        raise InvalidArgumentError(f"llama.cpp's converter refused {folder}: "
+                                   f"{(done.stderr.strip().splitlines() or ['?'])[-1]}")
+
+
+def convert_eagle3(layout: Path, target_folder: Path, out: Path) -> None:
+    """An EAGLE-3 head in vLLM's layout, with the target's config and tokenizer
+    (`--target-model-dir`), to the GGUF that draft-eagle3 loads."""
+    convert_hf(layout, out, "--target-model-dir", str(target_folder))
 
 
 class LlamaServer:

@@ -1,7 +1,8 @@
 """Rotary position embeddings: a config's RoPE settings (`rope_settings`) and the inverse
 frequencies and cos/sin scale of each kind transformers' configs name (`frequencies`): plain,
 `linear`, `llama3` (Llama-3.x), `yarn` and `longrope` (Phi-3; within its original context, where
-its short factors apply). The formulas are those of the RoPE-scaling papers as transformers applies
+its short factors apply), and `freq_factors`: llama.cpp's per-frequency divisors, as a GGUF file
+stores Llama-3.x's RoPE (`rope_freqs`; see `gguf_extras`). The formulas are those of the RoPE-scaling papers as transformers applies
 them, so that our tables equal its tables."""
 
 from __future__ import annotations
@@ -14,16 +15,18 @@ from torch import Tensor
 
 from eaglespec.errors import UnsupportedModelError
 
-KINDS = ("default", "linear", "llama3", "yarn", "longrope")
+KINDS = ("default", "linear", "llama3", "yarn", "longrope", "freq_factors")
 
 
 def rope_parameters(hf: Any, layer_type: str | None = None) -> dict:
     """A config's RoPE parameters: transformers 5's `rope_parameters` (per layer type where it has
-    several), else 4.x's `rope_scaling` with `rope_theta`."""
+    several), else 4.x's `rope_scaling` with `rope_theta`; a GGUF's `rope_freq_factors` (see `gguf_extras`)."""
     params = getattr(hf, "rope_parameters", None) or getattr(hf, "rope_scaling", None) or {}
     if layer_type is not None and layer_type in params:
         params = params[layer_type]
     params = dict(params)
+    if factors := getattr(hf, "rope_freq_factors", None):
+        params |= {"rope_type": "freq_factors", "factors": list(factors)}
     params.setdefault("rope_theta", getattr(hf, "rope_theta", None))
     params.setdefault("partial_rotary_factor", getattr(hf, "partial_rotary_factor", None) or 1.0)
     return params
@@ -79,6 +82,8 @@ def frequencies(theta: float, dim: int, scaling: tuple = ()) -> tuple[Tensor, fl
         blended = (1 - smooth) * scaled / factor + smooth * scaled
         medium = ~(wavelength < original / high) & ~(wavelength > original / low)
         return torch.where(medium, blended, scaled), 1.0
+    if kind == "freq_factors":
+        return inv_freq / torch.tensor(s["factors"], dtype=torch.float32), 1.0
     if kind == "yarn":
         return _yarn(theta, dim, s, exponents)
     if kind == "longrope":
