@@ -85,10 +85,10 @@ RECIPES = {
                   "--eval-limit", "20"],
     },
     # a base model: no chat template, so conversations are its turns as paragraphs (training.data);
-    # ShareGPT slices of human answers (no `data`) until the target's own are regenerated; a new
-    # head's draft vocabulary (262k tokens is too wide to draft over on a CPU)
+    # stretch 1 trained on a ShareGPT slice of human answers, before the target's own were
+    # regenerated; a new head's draft vocabulary (262k tokens is too wide to draft over on a CPU)
     "gemma-3-270m": {
-        "data": None,
+        "data": f"{OWN}gemma-3-270m:640,sharegpt:320",
         "answer_tokens": 192, "extract_dtype": "bfloat16",
         "conversations": 600,
         "new_head": ["--draft-vocab", "16384"],
