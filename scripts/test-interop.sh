@@ -8,7 +8,8 @@
 # - SafeAILab's official runtime (eagle-llm 1.2.1) with transformers 4.36.2, in .venv-eagle, without
 #   its web-demo and training dependencies (gradio, wandb, fschat, ...). It runs Llama targets only.
 # - llama.cpp (built by scripts/setup_llamacpp.sh), for the models that have an EAGLE-3 head in
-#   src/eaglespec/heads/shipped/eagle3/ (benchmarks/recipes/train_eagle3.sh): it drafts with no other head type.
+#   src/eaglespec/heads/shipped/eagle3/ (benchmarks/recipes/train_eagle3.sh): it drafts with no other head type;
+#   and the tests marked llamacpp (EAGLE-3 heads of tiny Qwen3 and Llama-3 targets in llama-server).
 #     bash scripts/test-interop.sh [MODEL ...]     (default: smollm2-135m-instruct qwen2.5-coder-0.5b-instruct)
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -25,6 +26,9 @@ if [ ! -x .venv-eagle/bin/python ] || ! .venv-eagle/bin/python -c "import eagle.
     .venv-eagle/bin/pip install --quiet --disable-pip-version-check torch==2.13.0 transformers==4.36.2 accelerate==0.21.0
     .venv-eagle/bin/pip install --quiet --disable-pip-version-check --no-deps eagle-llm==1.2.1
 fi
+# EAGLE-3 heads of Qwen3 and Llama-3 targets in llama.cpp's layout, drafting in llama-server (tiny models)
+bash scripts/setup_llamacpp.sh >/dev/null
+.venv/bin/python -m pytest -q -m llamacpp tests
 models=("$@")
 [ ${#models[@]} -gt 0 ] || models=(smollm2-135m-instruct qwen2.5-coder-0.5b-instruct)
 for model in "${models[@]}"; do

@@ -20,8 +20,9 @@ fi
 .venv/bin/lint-imports --no-cache
 # the docs site: --strict fails on a broken link between pages, to a repository file or in the README
 NO_MKDOCS_2_WARNING=1 .venv/bin/mkdocs build --strict --quiet
-# the fast tier first (no bundled model loaded), then the rest; -rs: the reason of each skip. A tier
+# the fast tier first (no bundled model loaded), then the rest; -rs: the reason of each skip. Tests
+# that run llama.cpp's programs (-m llamacpp) are scripts/test-interop.sh's, which builds them. A tier
 # that the arguments leave empty (pytest's exit code 5) is not a failure.
 tier() { .venv/bin/python -m pytest -q -rs -m "$@" || [ $? -eq 5 ]; }
-tier "not slow and not browser and not gpu" "$@"
+tier "not slow and not browser and not gpu and not llamacpp" "$@"
 tier "slow or browser or gpu" "$@"

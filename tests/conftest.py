@@ -1,3 +1,4 @@
+import io
 import itertools
 import os
 
@@ -104,6 +105,31 @@ def tiny_pair(family: str) -> tuple[torch.nn.Module, Decoder]:
     """A tiny random model of a family (`random_model`): (transformers' model, our decoder with the same weights)."""
     hf = random_model(CONFIGS[family])
     return hf, build_decoder(ModelConfig.from_hf(hf.config), hf.state_dict(), torch.float32)
+
+
+@pytest.fixture(scope="session")
+def sentencepiece_model() -> bytes:
+    """A tiny sentencepiece model, as large as the tiny vocabulary: llama.cpp's converter takes it
+    for most families (it needs the llama.cpp source, which brings sentencepiece)."""
+    import sentencepiece
+
+    from eaglespec.models.llamacpp import source
+
+    source()  # a one-line error naming the set-up step when the converter (or sentencepiece) is missing
+    lines = [" ".join(f"word{i % 37} thing{i * 7 % 23} number {i}" for i in range(j, j + 12)) for j in range(300)]
+    model = io.BytesIO()
+    sentencepiece.SentencePieceTrainer.train(sentence_iterator=iter(lines), model_writer=model, model_type="bpe",
+                                             vocab_size=TINY["vocab_size"], unk_id=0, bos_id=1, eos_id=2, pad_id=-1,
+                                             minloglevel=2)
+    return model.getvalue()
+
+
+def save_sentencepiece(model: bytes, folder) -> None:
+    """Write the tiny sentencepiece model into a Hugging Face folder as its tokenizer."""
+    from transformers import LlamaTokenizer
+
+    (folder / "tokenizer.model").write_bytes(model)
+    LlamaTokenizer(vocab_file=str(folder / "tokenizer.model")).save_pretrained(folder)
 
 
 class Digits:

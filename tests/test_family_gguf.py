@@ -12,12 +12,9 @@ Tokenizers: llama.cpp's converter writes a tiny sentencepiece model (trained her
 tiny vocabulary) for every family but the Qwen MoEs, whose converter takes byte-level BPE tokenizers
 it recognizes only: those take SmolLM2's (a bundled model's, so they are in the slow tier)."""
 
-import io
-
 import pytest
 import torch
-from conftest import CONFIGS, TINY, random_model
-from transformers import LlamaTokenizer
+from conftest import CONFIGS, TINY, random_model, save_sentencepiece
 
 from eaglespec.errors import InvalidArgumentError
 from eaglespec.heads.checkpoint import save_head
@@ -31,19 +28,6 @@ GGUF_ONLY = {"mistral": {"sliding_window": None}, "phi3": {"sliding_window": Non
              "gemma3_text": {"query_pre_attn_scalar": 32, "num_hidden_layers": 6, "layer_types": None}}
 BPE_ONLY = ["qwen2_moe", "qwen3_moe"]
 SENTENCEPIECE = [family for family in CONFIGS if family not in BPE_ONLY]
-
-
-@pytest.fixture(scope="module")
-def sentencepiece_model() -> bytes:
-    import sentencepiece
-
-    source()  # a one-line error naming the set-up step when the converter (or sentencepiece) is missing
-    lines = [" ".join(f"word{i % 37} thing{i * 7 % 23} number {i}" for i in range(j, j + 12)) for j in range(300)]
-    model = io.BytesIO()
-    sentencepiece.SentencePieceTrainer.train(sentence_iterator=iter(lines), model_writer=model, model_type="bpe",
-                                             vocab_size=TINY["vocab_size"], unk_id=0, bos_id=1, eos_id=2, pad_id=-1,
-                                             minloglevel=2)
-    return model.getvalue()
 
 
 def check_gguf(family: str, folder, save_tokenizer, monkeypatch, **config):
@@ -63,11 +47,7 @@ def check_gguf(family: str, folder, save_tokenizer, monkeypatch, **config):
 
 @pytest.mark.parametrize("family", SENTENCEPIECE)
 def test_a_gguf_of_each_family_loads_with_transformers_logits(family, sentencepiece_model, tmp_path, monkeypatch):
-    def save_tokenizer(folder):
-        (folder / "tokenizer.model").write_bytes(sentencepiece_model)
-        LlamaTokenizer(vocab_file=str(folder / "tokenizer.model")).save_pretrained(folder)
-
-    target = check_gguf(family, tmp_path, save_tokenizer, monkeypatch)
+    target = check_gguf(family, tmp_path, lambda folder: save_sentencepiece(sentencepiece_model, folder), monkeypatch)
     if family == "llama3-rope":  # its RoPE is llama.cpp's per-frequency factors, which engines do not read
         assert dict(target.model.config.rope_scaling)["rope_type"] == "freq_factors"
         head = Eagle3Head(target.model.config.for_head(), (0, 1, 2), TINY["vocab_size"])

@@ -2,20 +2,24 @@
 which vLLM and SGLang load: `LlamaForCausalLMEagle3`, `midlayer.*`, `d2t` as offsets, `t2d`, the
 target layers under `eagle_config` or at the top): such a head loads with its tensors intact, drafts
 vanilla's tokens, and exports to the vLLM, SGLang and speculators layouts, which read back to the
-same head; a Llama-3 target's scaled RoPE travels in the exported config."""
+same head; a Llama-3 target's scaled RoPE travels in the exported config. In llama.cpp's layout
+(`-m llamacpp`, which needs llama.cpp's programs: scripts/test-interop.sh builds them) the head
+drafts in llama-server beside the target's GGUF, and llama.cpp's tokens are ours."""
 
 import json
 from dataclasses import replace
 
 import pytest
 import torch
-from conftest import tiny_target
+from conftest import CONFIGS, random_model, save_sentencepiece, tiny_target
 from safetensors.torch import save_file
 
 from eaglespec.decoding.drafters.eagle import Eagle
 from eaglespec.decoding.generate import generate
 from eaglespec.heads.checkpoint import load_head
-from eaglespec.heads.export import export_head
+from eaglespec.heads.export import LLAMA_CPP_FILE, export_head
+from eaglespec.models.llamacpp import LlamaServer, convert_hf
+from eaglespec.models.load import load_target
 
 DRAFT = 40  # draft vocabulary
 
@@ -89,3 +93,59 @@ def test_specforge_eagle3_heads_load_draft_and_export(family, tmp_path):
         assert head_tensors(back).keys() == head_tensors(head).keys()
         assert all(torch.equal(a, head_tensors(head)[k]) for k, a in head_tensors(back).items()), fmt
         assert torch.equal(back.to_target(torch.arange(DRAFT)), head.to_target(torch.arange(DRAFT)))
+
+
+def clear_prompts(hf, n: int, length: int, margin: float = 1e-3) -> list[list[int]]:
+    """`n` random prompts whose greedy continuations (`length` tokens) never pass a near-tie (top two
+    logits within `margin`), where llama.cpp's f32 sums, in another order than torch's, may round
+    the other way (a random tiny model has such ties: 4e-5 apart after 11 tokens, seen)."""
+    g = torch.Generator().manual_seed(0)
+    found = []
+    for _ in range(50):
+        prompt = torch.randint(3, hf.config.vocab_size, (1, 8), generator=g)
+        with torch.no_grad():
+            out = hf.generate(prompt, max_new_tokens=length, do_sample=False, output_logits=True,
+                              return_dict_in_generate=True, pad_token_id=0, eos_token_id=None)
+        top = torch.cat(out.logits).topk(2).values
+        if (top[:, 0] - top[:, 1]).min() > margin:
+            found.append(prompt[0].tolist())
+        if len(found) == n:
+            return found
+    raise AssertionError("no prompts without near-ties")
+
+
+@pytest.mark.llamacpp
+@pytest.mark.parametrize("family", ["qwen3", "llama3-rope"])
+def test_specforge_eagle3_heads_draft_in_llama_cpp(family, sentencepiece_model, tmp_path):
+    """The SpecForge head exported `--format llama.cpp` (llama.cpp's converter on the vLLM layout)
+    drafts in llama-server (`draft-eagle3`, a chain of 3) beside the target's GGUF (llama.cpp's
+    converter too, f32); llama.cpp's tokens with it, its tokens without it, ours without and ours with
+    the same head are one sequence, and llama.cpp accepts as many of the head's drafts as we do: the
+    converted head computes what ours does (the random head's drafts are seldom right, but some are).
+    The prompts avoid near-ties, where llama.cpp's f32 sums may round the other way."""
+    hf = random_model(CONFIGS[family])
+    with torch.no_grad():  # EOS (2) never the greedy choice: the answers run their 24 tokens
+        hf.lm_head.weight[2] = 0
+    hf.save_pretrained(tmp_path / "target")
+    save_sentencepiece(sentencepiece_model, tmp_path / "target")
+    convert_hf(tmp_path / "target", tmp_path / "target.gguf")
+    target = load_target(str(tmp_path / "target"), dtype=torch.float32)
+    specforge_head(target, tmp_path / "specforge", aux_at_top=family == "qwen3")
+    export_head(str(tmp_path / "specforge"), target, "llama.cpp", tmp_path / "llama.cpp")
+    prompts = clear_prompts(hf, 2, 24)
+    ours = [generate(target, p, max_new_tokens=24).token_ids for p in prompts]
+    assert [len(tokens) for tokens in ours] == [24, 24]
+    method = Eagle(load_head(str(tmp_path / "specforge"), target), "chain:3")
+    drafted = [generate(target, p, max_new_tokens=24, method=method) for p in prompts]
+    assert [out.token_ids for out in drafted] == ours
+    chain = ("--spec-draft-n-max", "3", "--spec-draft-n-min", "0", "--spec-draft-p-min", "0")
+    for method, head in (("llama.cpp", None), ("llama.cpp-eagle3", tmp_path / "llama.cpp" / LLAMA_CPP_FILE)):
+        server = LlamaServer(method, tmp_path / "target.gguf", 2, head, context=128, extra=chain if head else ())
+        try:
+            answers = [server.complete(p, 24, 0.0, 0) for p in prompts]
+        finally:
+            server.stop()
+        assert [a["token_ids"] for a in answers] == ours, method
+        if head:  # it drafted, and accepted as many of the head's drafts as we do (8 of llama3-rope's, 0 of qwen3's)
+            assert all(a["timings"].get("draft_n", 0) > 0 for a in answers)
+            assert [a["timings"]["draft_n_accepted"] for a in answers] == [o.new_tokens - o.target_forwards for o in drafted]
