@@ -1,8 +1,8 @@
 """EAGLE-3 heads of Qwen3 and Llama-3 targets in the layout the field writes them in (SpecForge's,
 which vLLM and SGLang load: `LlamaForCausalLMEagle3`, `midlayer.*`, `d2t` as offsets, `t2d`, the
 target layers under `eagle_config` or at the top): such a head loads with its tensors intact, drafts
-vanilla's tokens, and exports to the vLLM, SGLang and speculators layouts, which read back to the
-same head; a Llama-3 target's scaled RoPE travels in the exported config. In llama.cpp's layout
+vanilla's tokens, and exports to the vLLM, SGLang, speculators and llama.cpp (GGUF) layouts, which
+read back to the same head; a Llama-3 target's scaled RoPE travels in the exported config. In llama.cpp's layout
 (`-m llamacpp`, which needs llama.cpp's programs: scripts/test-interop.sh builds them) the head
 drafts in llama-server beside the target's GGUF, and llama.cpp's tokens are ours."""
 
@@ -66,9 +66,10 @@ def head_tensors(head) -> dict[str, torch.Tensor]:
 
 
 @pytest.mark.parametrize("family", ["qwen3", "llama3-rope"])
-def test_specforge_eagle3_heads_load_draft_and_export(family, tmp_path):
+def test_specforge_eagle3_heads_load_draft_and_export(family, tmp_path, sentencepiece_model):
     hf, target = tiny_target(family)
     hf.config.save_pretrained(tmp_path / "target")  # the verifier's config, which speculators names
+    save_sentencepiece(sentencepiece_model, tmp_path / "target")  # llama.cpp's converter writes its vocabulary
     target = replace(target, folder=tmp_path / "target")
     written = specforge_head(target, tmp_path / "specforge", aux_at_top=family == "qwen3")
     head = load_head(str(tmp_path / "specforge"), target)
@@ -80,19 +81,22 @@ def test_specforge_eagle3_heads_load_draft_and_export(family, tmp_path):
     method = Eagle(head, "chain:3")
     assert [generate(target, p, max_new_tokens=24, method=method).token_ids for p in prompts] == \
         [generate(target, p, max_new_tokens=24).token_ids for p in prompts]
-    for fmt in ("vllm", "sglang", "speculators"):
+    for fmt in ("vllm", "sglang", "speculators", "llama.cpp"):
         out = tmp_path / fmt
         export_head(str(tmp_path / "specforge"), target, fmt, out)
+        back = load_head(str(out), target)
+        assert head_tensors(back).keys() == head_tensors(head).keys()
+        assert all(torch.equal(a, head_tensors(head)[k]) for k, a in head_tensors(back).items()), fmt
+        assert torch.equal(back.to_target(torch.arange(DRAFT)), head.to_target(torch.arange(DRAFT)))
+        assert back.reads == head.reads
+        if fmt == "llama.cpp":  # its metadata is llama.cpp's, not a config.json
+            continue
         config = json.loads((out / "config.json").read_text())
         layer = config.get("transformer_layer_config", config)  # speculators nests the layer's config
         assert layer["rope_parameters"]["rope_theta"] == target.model.config.rope_theta
         if family == "llama3-rope":
             assert layer["rope_parameters"]["rope_type"] == layer["rope_scaling"]["rope_type"] == "llama3"
             assert layer["rope_scaling"]["original_max_position_embeddings"] == 32
-        back = load_head(str(out), target)
-        assert head_tensors(back).keys() == head_tensors(head).keys()
-        assert all(torch.equal(a, head_tensors(head)[k]) for k, a in head_tensors(back).items()), fmt
-        assert torch.equal(back.to_target(torch.arange(DRAFT)), head.to_target(torch.arange(DRAFT)))
 
 
 def clear_prompts(hf, n: int, length: int, margin: float = 1e-3) -> list[list[int]]:

@@ -26,6 +26,7 @@ from safetensors.torch import load_file, save_file
 
 from eaglespec.errors import EaglespecError, InvalidArgumentError
 from eaglespec.files import write_folder
+from eaglespec.heads import gguf_head
 from eaglespec.heads.head import DraftHead, Eagle3Head, EagleHead, MedusaHead, check_aux_layers, default_aux_layers
 from eaglespec.models.load import Target, from_hf_state_dict, to_hf_state_dict, unknown_names
 
@@ -114,10 +115,21 @@ def resolve_head(spec: str, target_name: str, kind: str = "eagle") -> Path:
             )
         return folder
     folder = Path(spec)
-    if not (folder / "config.json").is_file() or not any((folder / f).is_file() for f in WEIGHT_FILES):
+    if _gguf_of(folder) is None and (not (folder / "config.json").is_file()
+                                     or not any((folder / f).is_file() for f in WEIGHT_FILES)):
         raise InvalidArgumentError(f"no head at '{spec}': give a folder with config.json and model.safetensors "
-                                   "(or an official EAGLE release's pytorch_model.bin), or 'default'")
+                                   f"(or an official EAGLE release's pytorch_model.bin), llama.cpp's {gguf_head.FILE} "
+                                   "(or its folder), or 'default'")
     return folder
+
+
+def _gguf_of(path: Path) -> Path | None:
+    """The llama.cpp head file `path` names (the file, or a folder that has it and no config.json)."""
+    if path.suffix == ".gguf" and path.is_file():
+        return path
+    if (path / gguf_head.FILE).is_file() and not (path / "config.json").is_file():
+        return path / gguf_head.FILE
+    return None
 
 
 def head_type_of(config: dict) -> str:
@@ -157,7 +169,9 @@ def _unfold_fc_bias(tensors: dict[str, torch.Tensor]) -> None:
 def read_head(folder: Path) -> tuple[dict, dict[str, torch.Tensor]]:
     """A head folder's config and tensors in our layout, from ours or the engines' (official EAGLE-1
     with pytorch_model.bin and embed_tokens, vLLM's folded EAGLE-1, SGLang's with its token map,
-    EAGLE-3 with eagle_config, the speculators config)."""
+    EAGLE-3 with eagle_config, the speculators config, llama.cpp's GGUF)."""
+    if (gguf := _gguf_of(folder)) is not None:
+        return gguf_head.read_gguf_head(gguf)
     config = json.loads((folder / "config.json").read_text())
     if "speculators_model_type" in config:
         if config["speculators_model_type"] != "eagle3":

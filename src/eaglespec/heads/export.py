@@ -19,7 +19,8 @@ Formats (what each engine's loader reads; see the README's serving section for t
   no EAGLE-1 form).
 - `llama.cpp`: the GGUF that llama.cpp's `--spec-type draft-eagle3` loads (it drafts with EAGLE-3
   heads only, and its EAGLE-3 layer has no attention biases), made by llama.cpp's own converter from
-  the vLLM layout (bash scripts/setup_llamacpp.sh fetches and builds llama.cpp).
+  the vLLM layout (`bash scripts/setup_llamacpp.sh --source` fetches it; without --source it also
+  builds the programs that serve it); `load_head` reads it back (`gguf_head.py`).
 Medusa heads are not exported: the engines' Medusa layouts carry an LM head per head, ours share
 the target's. A head's layer is Llama's for every target family (`ModelConfig.for_head`), with the
 target's RoPE: a scaled one (Llama-3.x's `llama3`) goes into the config as `rope_parameters` and
@@ -35,10 +36,11 @@ from pathlib import Path
 import torch
 from safetensors.torch import save_file
 
-from eaglespec.errors import InvalidArgumentError
+from eaglespec.errors import InvalidArgumentError, MissingDependencyError
 from eaglespec.files import write_folder
+from eaglespec.heads import gguf_head
 from eaglespec.heads.checkpoint import TOKEN_MAP, head_layout, load_head
-from eaglespec.models.llamacpp import check_eagle3_head, convert_eagle3, programs, source_gguf
+from eaglespec.models.llamacpp import check_eagle3_head, convert_eagle3, programs, source, source_gguf
 from eaglespec.models.load import Target
 
 FORMATS = {
@@ -50,7 +52,7 @@ FORMATS = {
 }
 TYPES = {"official": ("eagle1",), "vllm": ("eagle1", "eagle3"), "sglang": ("eagle1", "eagle3"),
          "speculators": ("eagle3",), "llama.cpp": ("eagle3",)}
-LLAMA_CPP_FILE = "head.gguf"
+LLAMA_CPP_FILE = gguf_head.FILE
 
 
 def check_out(out: Path, force: bool) -> None:
@@ -228,7 +230,7 @@ def export_head(head_spec: str, target: Target, fmt: str, out: Path, force: bool
     head = load_head(head_spec, target)
     if fmt == "llama.cpp":  # vLLM's EAGLE-3 layout, then llama.cpp's converter
         check_eagle3_head(head)
-        programs()
+        source()  # the converter; the programs serve it
         config, tensors, _ = engine_files(head, target, "vllm")
 
         def fill(tmp: Path) -> None:
@@ -267,7 +269,11 @@ def serve_command(fmt: str, kind: str, target: Target, out: Path, token_map: boo
             gguf = source_gguf(target.name)
         except InvalidArgumentError:
             gguf = "MODEL.gguf"
-        return f"serve: {programs() / 'llama-server'} -m {gguf} -md {out / LLAMA_CPP_FILE} --spec-type draft-eagle3"
+        try:
+            server = programs() / "llama-server"
+        except MissingDependencyError:
+            server = "llama-server  (bash scripts/setup_llamacpp.sh builds it)"
+        return f"serve: {server} -m {gguf} -md {out / LLAMA_CPP_FILE} --spec-type draft-eagle3"
     if fmt == "official":
         line = (f"serve: python -c \"from eagle.model.ea_model import EaModel; "
                 f"m = EaModel.from_pretrained(base_model_path='{model}', ea_model_path='{out}')\"  (eagle-llm)")
