@@ -17,6 +17,8 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from eaglespec.errors import InvalidArgumentError
+
 LAYER = {"attn_norm": "input_layernorm", "attn_norm_2": "hidden_norm", "ffn_norm": "post_attention_layernorm",
          "attn_q": "self_attn.q_proj", "attn_k": "self_attn.k_proj", "attn_v": "self_attn.v_proj",
          "attn_output": "self_attn.o_proj", "ffn_gate": "mlp.gate_proj", "ffn_up": "mlp.up_proj",
@@ -29,12 +31,10 @@ def read_gguf_head(path: Path) -> tuple[dict, dict[str, torch.Tensor]]:
     """(config, tensors) of a llama.cpp EAGLE-3 head file, in SpecForge's layout."""
     from gguf import GGUFReader, dequantize
 
-    from eaglespec.heads.checkpoint import HeadMismatchError
-
     reader = GGUFReader(str(path))
     arch = reader.fields["general.architecture"].contents()
     if arch != "eagle3":
-        raise HeadMismatchError(f"{path} is a llama.cpp '{arch}' file, not an EAGLE-3 head: give a head.gguf "
+        raise InvalidArgumentError(f"{path} is a llama.cpp '{arch}' file, not an EAGLE-3 head: give a head.gguf "
                                 "made by `eaglespec export --format llama.cpp` or llama.cpp's converter")
 
     def key(name: str):
@@ -42,7 +42,7 @@ def read_gguf_head(path: Path) -> tuple[dict, dict[str, torch.Tensor]]:
         return None if field is None else field.contents()
 
     if key("norm_before_residual") or key("norm_before_fc"):
-        raise HeadMismatchError(f"the EAGLE-3 head at {path} norms before the residual or the fc layer, "
+        raise InvalidArgumentError(f"the EAGLE-3 head at {path} norms before the residual or the fc layer, "
                                 "which eaglespec's EAGLE-3 layer does not: use a SpecForge-style head")
     heads, kv_heads = int(key("attention.head_count")), int(key("attention.head_count_kv"))
     tensors: dict[str, torch.Tensor] = {}
