@@ -152,6 +152,23 @@ def test_resume_equals_an_uninterrupted_run(cfg):
     assert all(torch.equal(a[k], b[k]) for k in a)
 
 
+def test_early_answer_positions_can_weigh_more():
+    from eaglespec.training.trainer import answer_weights
+
+    mask = torch.tensor([0, 1, 1, 1, 0, 0, 1, 1, 1, 1], dtype=torch.bool)  # two answers, after their prompts
+    assert answer_weights(mask, 1.0, 2).tolist() == mask.float().tolist()
+    assert answer_weights(mask, 3.0, 2).tolist() == [0, 3, 3, 1, 0, 0, 3, 3, 1, 1]  # each answer's first 2
+    assert answer_weights(torch.zeros(4, dtype=torch.bool), 3.0, 2).tolist() == [0, 0, 0, 0]
+    with pytest.raises(InvalidArgumentError, match="--early-weight must be > 0"):
+        TrainConfig(model="m", train_dir="t", out="o", early_weight=0)
+
+
+def test_an_early_weighted_run_trains_another_head(cfg):
+    plain = train(cfg("plain", max_steps=2), log=lambda m: None)
+    early = train(cfg("early", max_steps=2, early_weight=4.0, early_tokens=4), log=lambda m: None)
+    assert plain.history[0]["loss"] != early.history[0]["loss"]
+
+
 def test_ctrl_c_saves_and_resumes(cfg, monkeypatch):
     whole = train(cfg("whole"), log=lambda m: None)
     calls = {"n": 0}

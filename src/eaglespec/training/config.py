@@ -74,6 +74,9 @@ class TrainConfig:
     unroll: int | None = setting(None, "Draft steps trained per position (the training-time test; 1: EAGLE-1's "
                                        "training)" + _recipe_help("unroll") + ".")
     unroll_decay: float = setting(0.8, "Step i's loss weighs decay**i (Medusa: head i + 1's, Medusa's lambda).")
+    early_weight: float = setting(1.0, "Loss weight of the positions among the first --early-tokens of each answer, "
+                                       "the ones a short benchmark drafts (1: every position alike).")
+    early_tokens: int = setting(128, "Answer positions that --early-weight weighs.")
     head_type: str = setting("eagle1", "The head to train.", "--head-type", choices=HEAD_TYPES)
     medusa_heads: int = setting(4, "Medusa: heads, each one token further ahead.")
     aux_layers: tuple[int, ...] = setting((), "EAGLE-3's target layers, e.g. 2,15,27 (default: 2,N//2,N-3).")
@@ -126,6 +129,9 @@ class TrainConfig:
         if self.head_type == "medusa" and (self.unroll != 1 or self.init == "target-last-layer"):
             raise InvalidArgumentError("--unroll and --init target-last-layer are EAGLE options: a Medusa head "
                                        "trains each of its --medusa-heads on true features")
+        if self.early_weight <= 0 or self.early_tokens < 1:
+            raise InvalidArgumentError(f"--early-weight must be > 0 and --early-tokens >= 1, got {self.early_weight} "
+                                       f"and {self.early_tokens}")
         if self.budget_minutes is not None and self.budget_minutes <= 0:
             raise InvalidArgumentError(f"--budget-minutes must be > 0, got {self.budget_minutes}")
         if self.init not in ("random", "target-last-layer") and not (Path(self.init) / "config.json").is_file():

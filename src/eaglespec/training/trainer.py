@@ -94,6 +94,7 @@ def conversation_loss(head: DraftHead, sample: dict, config: TrainConfig, genera
     L, depth = len(tokens), (len(head.heads) if head.head_type == "medusa" else config.unroll) - 1
     inputs, tokens, final = (t.to(head.weight_like.device) for t in (inputs, tokens, final))
     lse, mask = sample["target_lse"].to(final.device), sample["loss_mask"].bool().to(final.device)
+    weights = answer_weights(mask, config.early_weight, config.early_tokens)
     total, scored0, hits = 0.0, 0, 0
     with torch.autocast(device_type, dtype=torch.bfloat16, enabled=autocast):
         cache = head.new_cache(sum(max(L - k, 0) for k in range(depth + 1)), dtype=torch.bfloat16 if autocast else None)
@@ -105,12 +106,27 @@ def conversation_loss(head: DraftHead, sample: dict, config: TrainConfig, genera
                 target_logits = head.target_logits(final[at])
             losses = position_losses(terms, draft_logits, target_logits, lse[at], predicted, final[at])
             scored = mask[at]
-            total = total + config.unroll_decay ** k * (losses * scored).sum()
+            total = total + config.unroll_decay ** k * (losses * weights[at]).sum()
             if k == 0:
                 draft = head.to_target(draft_logits.detach().argmax(-1))
                 scored0 = int(scored.sum())
                 hits = int(((draft == sample["target_argmax"][1:].long().to(draft.device)) & scored).sum())
     return total, scored0, hits
+
+
+def answer_weights(mask: torch.Tensor, early_weight: float, early_tokens: int) -> torch.Tensor:
+    """Each position's loss weight [L]: 0 outside answers (`mask`), `early_weight` at the first
+    `early_tokens` positions of each answer (a run of the mask), 1 after them."""
+    weights = mask.float()
+    if early_weight == 1:
+        return weights
+    starts = mask & ~torch.cat([mask.new_zeros(1), mask[:-1]])  # each answer's first position
+    answer = torch.cumsum(starts.long(), 0)  # which answer a position belongs to (1-based)
+    index = torch.arange(len(mask), device=mask.device)
+    first = torch.zeros(int(answer.max()) + 1, dtype=torch.long, device=mask.device)
+    first[answer[starts]] = index[starts]
+    early = mask & (index - first[answer] < early_tokens)
+    return torch.where(early, early_weight * weights, weights)
 
 
 def _schedule(config: TrainConfig, total_steps: int):
