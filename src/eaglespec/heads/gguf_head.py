@@ -18,6 +18,7 @@ import numpy as np
 import torch
 
 from eaglespec.errors import InvalidArgumentError
+from eaglespec.models.gguf_extras import read_tensor
 
 LAYER = {"attn_norm": "input_layernorm", "attn_norm_2": "hidden_norm", "ffn_norm": "post_attention_layernorm",
          "attn_q": "self_attn.q_proj", "attn_k": "self_attn.k_proj", "attn_v": "self_attn.v_proj",
@@ -29,7 +30,7 @@ TOP = {"fc.weight": "fc.weight", "output.weight": "lm_head.weight", "output_norm
 
 def read_gguf_head(path: Path) -> tuple[dict, dict[str, torch.Tensor]]:
     """(config, tensors) of a llama.cpp EAGLE-3 head file, in SpecForge's layout."""
-    from gguf import GGUFReader, dequantize
+    from gguf import GGUFReader
 
     reader = GGUFReader(str(path))
     arch = reader.fields["general.architecture"].contents()
@@ -47,21 +48,20 @@ def read_gguf_head(path: Path) -> tuple[dict, dict[str, torch.Tensor]]:
     heads, kv_heads = int(key("attention.head_count")), int(key("attention.head_count_kv"))
     tensors: dict[str, torch.Tensor] = {}
     for t in reader.tensors:
-        shape = tuple(int(n) for n in reversed(t.shape.tolist()))
-        if t.name == "d2t":  # the target's token ids (int64)
-            ids = torch.from_numpy(np.array(t.data)).long().reshape(shape)
+        if t.name == "d2t":  # the target's token ids (int64, which dequantize does not take)
+            ids = torch.from_numpy(np.array(t.data)).long().flatten()
             tensors["d2t"] = ids - torch.arange(len(ids))
             continue
-        value = torch.from_numpy(np.array(dequantize(t.data, t.tensor_type))).reshape(shape)
+        value = read_tensor(t)
         if t.name in TOP:
-            tensors[TOP[t.name]] = value.float()
+            tensors[TOP[t.name]] = value
         elif t.name.startswith("blk.0."):
             part = t.name[len("blk.0."):].removesuffix(".weight")
             if part == "attn_q":
                 value = _unpermute(value, heads)
             elif part == "attn_k":
                 value = _unpermute(value, kv_heads)
-            tensors[f"midlayer.{LAYER.get(part, part)}.weight"] = value.float()
+            tensors[f"midlayer.{LAYER.get(part, part)}.weight"] = value
         # rope_freqs: the target's RoPE, which the head's layer shares (its config, not the file)
     config = {"architectures": ["LlamaForCausalLMEagle3"], "model_type": "llama",
               "hidden_size": int(key("embedding_length")), "intermediate_size": int(key("feed_forward_length")),

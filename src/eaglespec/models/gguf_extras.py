@@ -65,13 +65,17 @@ def _value(reader, name: str) -> Any:
 
 
 def _tensor(reader, name: str) -> torch.Tensor | None:
+    """The file's tensor `name` in fp32, or None where it has none."""
+    found = next((t for t in reader.tensors if t.name == name), None)
+    return None if found is None else read_tensor(found)
+
+
+def read_tensor(t) -> torch.Tensor:
+    """A GGUF reader's tensor, dequantized to fp32, in torch's shape order (llama.cpp's reversed)."""
     from gguf import dequantize
 
-    for t in reader.tensors:
-        if t.name == name:
-            shape = tuple(int(n) for n in reversed(t.shape.tolist()))
-            return torch.from_numpy(np.array(dequantize(t.data, t.tensor_type))).float().reshape(shape)
-    return None
+    shape = tuple(int(n) for n in reversed(t.shape.tolist()))
+    return torch.from_numpy(np.array(dequantize(t.data, t.tensor_type))).float().reshape(shape)
 
 
 def _rope(config: Any, key, reader) -> dict:
@@ -132,12 +136,12 @@ def _mixtral(config: Any, key, reader) -> tuple[Any, dict[str, torch.Tensor]]:
     mixtral = MixtralConfig(**fields, num_local_experts=int(key("expert_count")),
                             num_experts_per_tok=int(key("expert_used_count")))
     mixtral.architectures = ["MixtralForCausalLM"]
-    tensors = {}
+    tensors, by_name = {}, {t.name: t for t in reader.tensors}
     for layer in range(config.num_hidden_layers):
         prefix = f"model.layers.{layer}.block_sparse_moe"
-        tensors[f"{prefix}.gate.weight"] = _tensor(reader, f"blk.{layer}.ffn_gate_inp.weight")
+        tensors[f"{prefix}.gate.weight"] = read_tensor(by_name[f"blk.{layer}.ffn_gate_inp.weight"])
         for gguf_name, ours in (("ffn_gate_exps", "w1"), ("ffn_down_exps", "w2"), ("ffn_up_exps", "w3")):
-            stacked = _tensor(reader, f"blk.{layer}.{gguf_name}.weight")
+            stacked = read_tensor(by_name[f"blk.{layer}.{gguf_name}.weight"])
             for e in range(stacked.shape[0]):
                 tensors[f"{prefix}.experts.{e}.{ours}.weight"] = stacked[e].contiguous()
     return mixtral, tensors
