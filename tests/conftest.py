@@ -10,7 +10,7 @@ from transformers import (AutoModelForCausalLM, Gemma3TextConfig, LlamaConfig, M
 from eaglespec.decoding.head_rows import HeadRows
 from eaglespec.decoding.loop import Request, Scheduler
 from eaglespec.decoding.sampling import SamplingParams
-from eaglespec.decoding.sizing import ALONE, AutoSize, ChainSize
+from eaglespec.decoding.sizing import ALONE, AutoSize, BatchChoice, ChainSize
 from eaglespec.models.config import ModelConfig
 from eaglespec.models.decoder import Decoder
 from eaglespec.models.load import build_decoder
@@ -250,17 +250,18 @@ def smollm2_draft(smollm2):
 
 @pytest.fixture
 def auto_drafts_every_round(monkeypatch):
-    """`auto` trees draft in every round here, and sized prompt lookup, `hybrid` and `medusa` verify
-    0, 1, 2, ... of their candidates in turn: where drafting rounds measure slower than plain ones they
-    decode plainly (a matter of the machine's timing, tested in test_eagle.py, test_hybrid.py and
-    with given costs below), and these tests must exercise the drafting path."""
+    """`auto` trees draft in every round here (and batches in every round, unless a test says
+    otherwise), and sized prompt lookup, `hybrid` and `medusa` verify 0, 1, 2, ... of their
+    candidates in turn: where drafting rounds measure slower than plain ones they decode plainly (a
+    matter of the machine's timing, tested in test_eagle.py, test_hybrid.py and with given costs
+    below), and these tests must exercise the drafting path."""
     from eaglespec.decoding.drafters import hybrid, medusa
 
     start_round = AutoSize.start_round
 
-    def drafting(self, now, budget=ALONE):
-        start_round(self, now, budget)
-        self.drafting = True
+    def drafting(self, now, budget=ALONE, plain=False):
+        start_round(self, now, budget, plain)
+        self.drafting = not plain
 
     def in_turn(self, available, budget=ALONE):
         self.sizes.append(len(self.sizes) % (available + 1))
@@ -273,6 +274,8 @@ def auto_drafts_every_round(monkeypatch):
         return n, sum(expected[:n])
 
     monkeypatch.setattr(AutoSize, "start_round", drafting)
+    monkeypatch.setattr(BatchChoice, "start_round", lambda self, rows: True)
+    monkeypatch.setattr(BatchChoice, "finish_round", lambda self, tokens, seconds, waited: None)
     monkeypatch.setattr(ChainSize, "size", in_turn)
     monkeypatch.setattr(hybrid, "best_prefix", nodes_in_turn)
     monkeypatch.setattr(medusa, "best_prefix", nodes_in_turn)

@@ -136,6 +136,45 @@ def test_auto_decodes_plainly_where_drafting_rounds_are_slower_and_probes_again(
     assert all(drafting)
 
 
+def test_a_batch_drafts_only_while_drafting_rounds_beat_plain_ones():
+    from eaglespec.decoding.sizing import BatchChoice
+
+    costs = ForwardCosts([0.0, 0.010, 0.012, 0.016, 0.020])  # a forward of 4 tokens (one per row) in 20 ms
+
+    def run(choice, rounds, drafted, plain_seconds, waited=0.0, growth=0.0):
+        """Which rounds drafted: drafting ones give `drafted` (tokens, seconds) and `waited` seconds
+        more for the heads' catch-up after plain rounds, plain ones 4 tokens in `plain_seconds`;
+        every round's seconds grow by `growth` per round before it (longer contexts)."""
+        chosen = []
+        for i in range(rounds):
+            chosen.append(choice.start_round(4))
+            caught_up = waited if chosen[-1] and i and not chosen[-2] else 0.0
+            tokens, seconds = drafted if chosen[-1] else (4, plain_seconds)
+            choice.finish_round(tokens, seconds * (1 + growth * i) + caught_up, caught_up)
+        return [i for i, drafts in enumerate(chosen) if drafts]
+
+    # drafting: 6 tokens in 60 ms against plain rounds of 4 in 20 ms: one probe of one round (4 rows'
+    # rounds are enough to judge by) after PROBE - 1 plain rounds, the wait doubling after each that
+    # loses against measured plain rounds (the first lost to the estimate: no longer wait)
+    choice = BatchChoice(costs)
+    assert run(choice, 200, (6, 0.060), 0.020) == [0, 8, 24, 56, 120]
+    # each batch size has its own rates; a new one starts from the nearest one's state
+    assert not choice.start_round(3) and choice.by_size.keys() == {3, 4}
+    assert choice.by_size[3].drafted == choice.by_size[4].drafted
+    # a round's cost grows with the contexts (here 3% a round): drafting rounds are weighed against
+    # the plain rounds of their time, so the first one's speed does not outlive it
+    assert run(BatchChoice(costs), 100, (6, 0.060), 0.020, growth=0.03) == [0, 8, 24, 56]
+    # the estimate leaves out the round's other work (here plain rounds take 30 ms, not 20): drafting
+    # that loses to it (8 tokens in 45 ms) but beats measured plain rounds goes plain for one round only
+    assert run(BatchChoice(costs), 30, (8, 0.045), 0.030) == [0, *range(2, 30)]
+    # the heads' catch-up over the entries that waited through plain rounds counts as theirs: drafting
+    # at 12 tokens in 40 ms beats plain rounds even with 30 ms of catch-up after them
+    assert run(BatchChoice(costs), 12, (12, 0.040), 0.020, waited=0.030) == list(range(12))
+    choice = BatchChoice(costs)
+    run(choice, 30, (6, 0.060), 0.020, waited=0.005)
+    assert choice.by_size[4].plain[2] > 0
+
+
 def test_auto_charges_the_heads_catch_up_over_waiting_entries_to_the_rounds_without_a_draft():
     from eaglespec.decoding.sizing import AutoSize
 

@@ -5,6 +5,8 @@ decoded alone, and sampled tokens distributed as the target's (the chi-square te
 test_methods.py). The bundled Gemma-3-270M (a real model, slow tier) generates transformers' greedy
 tokens from its GGUF, and EAGLE and hybrid generate its vanilla tokens."""
 
+import itertools
+
 import pytest
 import torch
 from conftest import CONFIGS, bin_of, chi_square_p_value, decode_batch, exact_bins, tiny_target
@@ -13,6 +15,7 @@ from eaglespec.decoding.drafters import parse_method
 from eaglespec.decoding.drafters.eagle import Eagle
 from eaglespec.decoding.generate import generate
 from eaglespec.decoding.sampling import SamplingParams
+from eaglespec.decoding.sizing import BatchChoice
 from eaglespec.heads.head import Eagle3Head, EagleHead
 
 pytestmark = pytest.mark.usefixtures("auto_drafts_every_round")
@@ -94,6 +97,23 @@ def test_batched_rows_equal_rows_decoded_alone(family, spec):
     alone = [generate(target, ids, max_new_tokens=n, method=method).token_ids for ids, n in zip(PROMPTS, lengths)]
     greedy = SamplingParams()
     assert decode_batch(target, method, [(ids, n, greedy) for ids, n in zip(PROMPTS, lengths)], 2) == alone
+
+
+def test_a_batch_that_decodes_some_rounds_plainly_keeps_every_rows_tokens(monkeypatch):
+    """A batch of `auto` EAGLE rows decodes some rounds without drafts where that pays
+    (`sizing.BatchChoice`; each row's drafter `skip`s them). Forced to skip two rounds in three,
+    every row still gets the tokens it gets alone."""
+    choices = itertools.cycle([True, False, False])
+    skipped = []
+    monkeypatch.setattr(BatchChoice, "start_round", lambda self, rows: skipped.append(not (c := next(choices))) or c)
+    monkeypatch.setattr(BatchChoice, "finish_round", lambda self, tokens, seconds, waited: None)
+    _, target, head, exit_head = tiny("qwen3", torch.bfloat16)
+    method = method_of("eagle", head, exit_head)
+    lengths = (24, 8, 24)
+    alone = [generate(target, ids, max_new_tokens=n, method=method).token_ids for ids, n in zip(PROMPTS, lengths)]
+    greedy = SamplingParams()
+    assert decode_batch(target, method, [(ids, n, greedy) for ids, n in zip(PROMPTS, lengths)], 2) == alone
+    assert sum(skipped) >= 3 and not all(skipped)
 
 
 @pytest.mark.parametrize("family", FAMILIES)

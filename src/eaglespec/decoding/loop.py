@@ -16,6 +16,7 @@ leave between rounds. `decode` is one row through it. A row's tokens are the one
 from __future__ import annotations
 
 import itertools
+import weakref
 from collections import deque
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
@@ -25,7 +26,7 @@ import torch
 from eaglespec.decoding.head_rows import Drafting, HeadCall, HeadResult, HeadRows
 from eaglespec.decoding.proposer import Proposer
 from eaglespec.decoding.sampling import Draws, SamplingParams
-from eaglespec.decoding.sizing import Budget
+from eaglespec.decoding.sizing import BatchChoice, Budget
 from eaglespec.decoding.tree import DraftTree
 from eaglespec.decoding.verify import verify
 from eaglespec.errors import InvalidArgumentError, PromptTooLongError
@@ -122,18 +123,23 @@ class Row:
         # this row's part of a round (its latest): tokens in the forward and draft seconds
         self.round_tokens, self.draft_seconds = 1, 0.0
 
-    def budget(self, rows: list[Row], together: set[Row] | tuple = ()) -> Budget:
+    def budget(self, rows: list[Row], together: set[Row] | tuple = (), drafts: bool = False) -> Budget:
         """The other rows' part of this round (for those yet to draft, of their latest; tokens
         accepted per round so far, one before their first). The draft seconds of the rows drafting
-        `together` with this one are on its own clock already."""
+        `together` with this one are on its own clock already. `drafts`: the batch chose that this
+        round drafts."""
         others = [row for row in rows if row is not self]
         return Budget(sum(o.round_tokens for o in others),
                       sum(max(o.stats.new_tokens, 1) / max(o.stats.target_forwards, 1) for o in others),
-                      sum(o.draft_seconds for o in others if o not in together))
+                      sum(o.draft_seconds for o in others if o not in together), drafts)
 
     @property
     def reads(self) -> tuple[int, ...]:
         return self.drafter.reads if self.drafter else ()
+
+
+# per model: what batches learned about drafting (`Scheduler._batch_choice`)
+BATCH_CHOICES: weakref.WeakKeyDictionary[Decoder, BatchChoice] = weakref.WeakKeyDictionary()
 
 
 class Scheduler:
@@ -202,7 +208,16 @@ class Scheduler:
         rows = list(self.active)
         if not rows:
             return []
-        drafted = self._draft(rows)
+        started = self.clock.now()
+        choice = self._batch_choice(rows)
+        if choice is None or choice.start_round(len(rows)):
+            drafted = self._draft(rows, chosen=choice is not None)
+        else:  # plain rounds pay better for this batch now
+            for row in rows:
+                if row.drafter:
+                    row.drafter.skip()
+                row.draft_seconds = 0.0
+            drafted = [DraftTree() for _ in rows]
         trees, blocks, tokens, positions = [], [], [], []
         for row, tree in zip(rows, drafted):
             length = self.cache.lengths[row.id]
@@ -250,13 +265,29 @@ class Scheduler:
             row.root = accepted[-1]
             if row.stats.finish_reason:
                 self._leave(row)
+        if choice is not None:  # (the rows' catch-ups run in one head forward: the longest counts)
+            waited, prompt = (max(seconds) for seconds in zip(*(row.drafter.caught_up for row in rows)))
+            choice.finish_round(sum(len(accepted) for _, accepted, _ in results), self.clock.now() - started - prompt, waited)
         return [(row, accepted) for row, accepted, _ in results]
 
-    def _draft(self, rows: list[Row]) -> list[DraftTree]:
+    def _batch_choice(self, rows: list[Row]) -> BatchChoice | None:
+        """The batch's choice between drafting and plain rounds (`sizing.BatchChoice`), where every
+        one of several rows has a drafter that makes that choice from measured rates (`auto` EAGLE),
+        one per model, kept for later schedulers (a process learns once what drafting is worth at
+        each batch size); None: each row drafts as its drafter says (alone, its own choice is the
+        batch's; other drafters size their drafts round by round, down to none)."""
+        if len(rows) < 2 or not all(row.drafter and row.drafter.batch_chooses for row in rows):
+            return None
+        if self.model not in BATCH_CHOICES:
+            BATCH_CHOICES[self.model] = BatchChoice(self.model.forward_costs())
+        return BATCH_CHOICES[self.model]
+
+    def _draft(self, rows: list[Row], chosen: bool = False) -> list[DraftTree]:
         """Each row's tree (empty without a drafter). Drafters that run no draft head draft alone, in
         turn; then those that run one draft together, each step's head forwards in one forward per
         head (`HeadRows.run`), the time they take together on each one's clock and split evenly
-        among them in their stats. Each drafter gets the budget of the rows beside it."""
+        among them in their stats. Each drafter gets the budget of the rows beside it (`chosen`:
+        the batch chose that they draft)."""
         context = self.model.config.max_position_embeddings
         trees: dict[Row, DraftTree] = {row: DraftTree() for row in rows}
         depths: dict[Row, int] = {}
@@ -267,10 +298,10 @@ class Scheduler:
             depths[row] = min(row.request.max_new_tokens - row.stats.new_tokens, context - self.cache.lengths[row.id]) - 1
         for row in drafters:
             if row not in together:
-                trees[row] = _alone(row.drafter.propose(depths[row], row.budget(rows)))
+                trees[row] = _alone(row.drafter.propose(depths[row], row.budget(rows, drafts=chosen)))
                 row.draft_seconds = self.clock.lap()
                 row.stats.draft_s += row.draft_seconds
-        drafting: dict[Row, Drafting] = {row: row.drafter.propose(depths[row], row.budget(rows, together))
+        drafting: dict[Row, Drafting] = {row: row.drafter.propose(depths[row], row.budget(rows, together, chosen))
                                          for row in drafters if row in together}
         results: dict[Row, HeadResult | None] = dict.fromkeys(drafting)
         while drafting:

@@ -11,6 +11,10 @@ A proposer drafts a tree under each round's root. It gets the prompt and its fea
 - `accept(tokens, features)`: the accepted tokens (bonus last) and the target's features at the
   positions before them: its final features, or with `reads` the hidden states entering those
   target layers, concatenated (an EAGLE-3 head).
+
+A proposer that chooses between drafting and plain rounds from measured rates (`batch_chooses`:
+`auto` EAGLE) lets a batch of such rows choose for all of them (`sizing.BatchChoice`): in a round
+the batch decodes plainly, `skip()` stands for `propose`, and `accept` follows.
 """
 
 from __future__ import annotations
@@ -26,6 +30,9 @@ class Proposer:
     shape: TreeShape  # the largest draft it makes (the `Scheduler` reserves cache slots for it)
     reads: tuple[int, ...] = ()  # target layers whose input it reads; () the final features
     entries: HeadEntries | None = None  # its entries in a draft head's cache, where it runs one
+    batch_chooses: bool = False  # whether a batch may choose its plain rounds (then `skip` them)
+    # this round's head seconds over entries of rounds without a draft, and over the prompt (batch_chooses)
+    caught_up: tuple[float, float] = (0.0, 0.0)
 
     def start(self, prompt_ids: list[int], features: Tensor | None) -> None:
         """The prompt, and the target's features at its positions but the last (None: one token)."""
@@ -38,6 +45,10 @@ class Proposer:
     def draft(self, max_depth: int, budget: Budget = ALONE) -> DraftTree:
         """The round's tree, for a proposer that runs no draft head."""
         raise NotImplementedError(f"{type(self).__name__} defines neither propose() nor draft()")
+
+    def skip(self) -> None:
+        """This round has no draft: the batch decodes it plainly (`batch_chooses` proposers)."""
+        raise NotImplementedError(f"{type(self).__name__} does not let a batch choose its plain rounds")
 
     def observe(self, logits: Tensor) -> None:
         """The logits [E, V] of the tree's extra rows."""

@@ -59,6 +59,7 @@ class EagleProposer(Proposer):
         if shape.paths is not None:
             self.static = _static_plan(shape.paths)
         self.auto = AutoSize(costs, earlier) if shape.auto else None
+        self.batch_chooses = self.auto is not None
         self.clock = Clock(self.device)
 
     @property
@@ -99,11 +100,17 @@ class EagleProposer(Proposer):
         size = self.auto.size(scores, order, self.shape.tokens, self.clock.now()) if self.auto else self.shape.tokens
         return pool.subset(sorted(order[:size]))
 
+    def skip(self) -> None:
+        """No draft this round: the entries wait, and `auto` counts a plain round."""
+        self.caught_up = (0.0, 0.0)
+        self.auto.start_round(self.clock.now(), plain=True)
+
     def candidates(self, max_depth: int, budget: Budget = ALONE
                    ) -> Generator[HeadCall, HeadResult, tuple[DraftTree, list[float]]]:
         """The dynamic tree's candidate pool (parents first) and each node's cumulative draft
         log-probability, no deeper than `max_depth`; none where `auto` decodes this round plainly."""
         if self.auto:
+            self.caught_up = (0.0, 0.0)
             self.auto.start_round(self.clock.now(), budget)
             if not self.auto.drafting:  # plain decoding pays better here: the entries wait
                 return DraftTree(), []
@@ -126,7 +133,8 @@ class EagleProposer(Proposer):
         out, logits = yield HeadCall(self.entries, self.head.lift(features), tokens, positions, None, True)
         if self.auto:  # the head's pass over the entries of plain rounds and of the prompt
             per_entry = (self.clock.now() - started) / len(tokens)
-            self.auto.catch_up(per_entry * self.waited, per_entry * self.prompt_waiting)
+            self.caught_up = (per_entry * self.waited, per_entry * self.prompt_waiting)
+            self.auto.catch_up(*self.caught_up)
         self.pending, self.waited, self.prompt_waiting = [], 0, 0
         self.committed = self.entries.length
         self.expanded: dict[int, int] = {}  # node -> index of its draft entry among the row's
