@@ -116,3 +116,34 @@ def test_weighted_sources_mix_in_their_shares(tmp_path):
     for bad in (f"{tmp_path / 'human'}:x,sharegpt:1", f"{tmp_path / 'human'}:0,sharegpt:0"):
         with pytest.raises(InvalidArgumentError, match="--data"):
             select(ExtractConfig(model="", source=bad), ReadReport())
+
+
+def test_own_names_the_folders_regenerate_wrote_for_the_model_weighted_by_their_answers(tmp_path):
+    """`extract`'s default data, `own:2,sharegpt:1`: `own` is every folder under data/regenerated that
+    `eaglespec regenerate` wrote for this target (its manifest says so), each weighted by its
+    conversations in the split; without any, the other sources alone and a note saying how to make them."""
+    import gzip
+
+    from eaglespec.models.conversations import with_own_answers
+    from eaglespec.models.registry import TRAINING_DATA
+
+    for name, model, n in (("m", "m", 30), ("m-more", "m", 10), ("other", "x", 5)):
+        folder = tmp_path / name
+        folder.mkdir()
+        (folder / "manifest.json").write_text(json.dumps({"model": model}))
+        with gzip.open(folder / "part-00000.jsonl.gz", "wt") as f:
+            for i in range(n):
+                f.write(json.dumps({"id": f"{name}{i}", "messages": [{"role": "user", "content": "q"},
+                                                                     {"role": "assistant", "content": "a"}]}) + "\n")
+    spec, note = with_own_answers(TRAINING_DATA, "m", "train", 0.0, 0, tmp_path)
+    assert note is None and spec == f"{tmp_path / 'm'}:1.5,{tmp_path / 'm-more'}:0.5,sharegpt:1"
+    # the held-out split holds none of them (fraction 0): human answers alone, and why
+    spec, note = with_own_answers(TRAINING_DATA, "m", "heldout", 0.0, 0, tmp_path)
+    assert spec == "sharegpt:1" and "eaglespec regenerate --model m" in note
+    with pytest.raises(InvalidArgumentError, match="no own answers of 'y'"):
+        with_own_answers("own", "y", "train", 0.0, 0, tmp_path)
+    assert with_own_answers("sharegpt", "m", root=tmp_path) == ("sharegpt", None)
+    # the whole mix: two own answers to one human one
+    mixed = select(ExtractConfig(model="m", source=with_own_answers(f"own:2,{tmp_path / 'other'}:1", "m", "train", 0.0,
+                                                                     0, tmp_path)[0], heldout_fraction=0.0), ReadReport())
+    assert len(mixed) == 15 and sum(c.id.startswith("other") for c in mixed) == 5

@@ -61,7 +61,7 @@ case "${1:?usage: ablations.sh trees|heads|data|objectives|quality}" in
         # the same 120 training conversations (431 assistant turns), with their ShareGPT answers and
         # with SmolLM2's own greedy ones (up to 512 tokens each; the regeneration is the long step,
         # about an hour on 2 cores)
-        $E extract --model $M --split train --limit 120 --out "$F/smollm2-fixed120" --threads 2
+        $E extract --model $M --data sharegpt --split train --limit 120 --out "$F/smollm2-fixed120" --threads 2
         $E regenerate --model $M --limit 120 --turns 0 --max-prompt-tokens 2048 --method vanilla \
             --out "$CACHE/data/smollm2-regen120" --threads 2
         $E extract --model $M --data "$CACHE/data/smollm2-regen120" --split train --limit 120 \
@@ -80,8 +80,8 @@ case "${1:?usage: ablations.sh trees|heads|data|objectives|quality}" in
         # CPUs without bf16 instructions). Heads land in objectives-BUDGETmin/.
         BUDGET=${BUDGET:-20}
         A=(--aux-layers eagle3 --dtype float32 --threads 2)
-        $E extract --model $M --split heldout --limit 100 "${A[@]}" --out "$F/smollm2-aux-heldout"
-        $E extract --model $M --split train --limit 192 "${A[@]}" --out "$F/smollm2-aux-train192"
+        $E extract --model $M --data sharegpt --split heldout --limit 100 "${A[@]}" --out "$F/smollm2-aux-heldout"
+        $E extract --model $M --data sharegpt --split train --limit 192 "${A[@]}" --out "$F/smollm2-aux-train192"
         budget() {  # NAME [train options]
             local name=$1
             shift
@@ -141,7 +141,7 @@ case "${1:?usage: ablations.sh trees|heads|data|objectives|quality}" in
         quality own-eagle3-unroll-3 q-own --head-type eagle3 --loss ce --unroll 3
         # the human and mixed features are extracted only when their heads are due (a fresh machine's
         # session then spends its first minutes on the own-answer heads' features alone)
-        $E extract "${A[@]}" --split train --limit $N --answer-tokens 192 --dtype bfloat16 --out "$F/q-human"
+        $E extract "${A[@]}" --data sharegpt --split train --limit $N --answer-tokens 192 --dtype bfloat16 --out "$F/q-human"
         $E extract "${A[@]}" --split train --data "$OWN:1,sharegpt:1" --limit $((2 * N)) --answer-tokens 192 \
             --dtype bfloat16 --reuse "$F/q-human" --out "$F/q-mixed"  # the (longer) human half copied
         quality human-eagle1 q-human

@@ -265,7 +265,7 @@ def stretch(model: str, data: str | None, new_only: bool = False, answer_tokens:
             skip = (same[-1].get("skip", 0) + same[-1]["conversations"]) if new_only and same else 0
         features = work / "train"
         source = (["--data", data, "--skip", str(skip)] if data
-                  else ["--skip", str(skip), "--limit", str(recipe["conversations"])])
+                  else ["--data", "sharegpt", "--skip", str(skip), "--limit", str(recipe["conversations"])])
         # a --data source grows between stretches: the shards of its conversations extracted before stay
         earlier = CACHE / model / f"stretch-{n - 1}" / "train"
         reuse = (["--reuse", str(earlier)] if data and not skip and (earlier / "manifest.json").is_file()
@@ -275,7 +275,7 @@ def stretch(model: str, data: str | None, new_only: bool = False, answer_tokens:
                    "--threads", "2", "--out", str(features), *reuse]
         run(extract)
         heldout = CACHE / model / "heldout"
-        run([E, "extract", "--model", model, "--split", "heldout", "--limit", str(HELDOUT), "--dtype", "float32",
+        run([E, "extract", "--model", model, "--data", "sharegpt", "--split", "heldout", "--limit", str(HELDOUT), "--dtype", "float32",
              "--threads", "2", "--out", str(heldout)])
         start = ["--init", str(head)] if (head / "config.json").is_file() else recipe["new_head"]
         train = [E, "train", "--model", model, "--train-features", str(features), "--heldout-features", str(heldout),

@@ -29,7 +29,7 @@ CACHE=${EAGLESPEC_CACHE:-$HOME/.cache/eaglespec}
 F=$CACHE/features
 RUN=$CACHE/eagle3/$MODEL-${BUDGET}min
 A=(--aux-layers eagle3 --dtype float32 --threads 2)
-$E extract --model "$MODEL" --split heldout --limit 50 "${A[@]}" --out "$F/eagle3-$MODEL-heldout"
+$E extract --model "$MODEL" --data sharegpt --split heldout --limit 50 "${A[@]}" --out "$F/eagle3-$MODEL-heldout"
 $E extract --model "$MODEL" "${DATA[@]}" --split train --aux-layers eagle3 --dtype bfloat16 --threads 2 \
     --out "$F/eagle3-$MODEL-mixed"
 $E train --model "$MODEL" --train-features "$F/eagle3-$MODEL-mixed" --heldout-features "$F/eagle3-$MODEL-heldout" \

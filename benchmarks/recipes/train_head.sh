@@ -21,8 +21,8 @@ E=.venv/bin/eaglespec
 CACHE=${EAGLESPEC_CACHE:-$HOME/.cache/eaglespec}
 F=$CACHE/features
 RUN=$CACHE/runs/$NAME
-$E extract --model "$MODEL" --split heldout "${HELDOUT[@]}" --out "$F/$NAME-heldout" --threads 2
-$E extract --model "$MODEL" --split train "${EXTRACT[@]}" --out "$F/$NAME-train" --threads 2
+$E extract --model "$MODEL" --data sharegpt --split heldout "${HELDOUT[@]}" --out "$F/$NAME-heldout" --threads 2
+$E extract --model "$MODEL" --data sharegpt --split train "${EXTRACT[@]}" --out "$F/$NAME-train" --threads 2
 $E train --model "$MODEL" --train-features "$F/$NAME-train" --heldout-features "$F/$NAME-heldout" \
     --out "$RUN" "${TRAIN[@]}" --lr 5e-4 --warmup-steps 20 --batch 8 --eval-limit 30 \
     --checkpoint-every 20 --threads 2

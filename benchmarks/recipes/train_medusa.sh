@@ -22,7 +22,7 @@ E=.venv/bin/eaglespec
 CACHE=${EAGLESPEC_CACHE:-$HOME/.cache/eaglespec}
 F=$CACHE/features
 RUN=$CACHE/medusa/$MODEL
-$E extract --model "$MODEL" --split heldout --limit 50 --dtype "$DTYPE" --threads 2 --out "$F/medusa-$MODEL-heldout"
+$E extract --model "$MODEL" --data sharegpt --split heldout --limit 50 --dtype "$DTYPE" --threads 2 --out "$F/medusa-$MODEL-heldout"
 $E extract --model "$MODEL" "${DATA[@]}" --split train --dtype "$DTYPE" --threads 2 --out "$F/medusa-$MODEL-train"
 $E train --model "$MODEL" --train-features "$F/medusa-$MODEL-train" --heldout-features "$F/medusa-$MODEL-heldout" \
     --out "$RUN" --head-type medusa --draft-vocab "$VOCAB" --lr 1e-3 --warmup-steps 10 --epochs 3 \

@@ -11,7 +11,7 @@ from pathlib import Path
 import click
 
 from eaglespec.errors import EaglespecError, InvalidArgumentError, UnknownModelError
-from eaglespec.models.registry import BUNDLED, DATASETS, DEFAULT_MODEL, DRAFT_MODELS, cache_root
+from eaglespec.models.registry import BUNDLED, DATASETS, DEFAULT_MODEL, DRAFT_MODELS, TRAINING_DATA, cache_root
 from eaglespec.training.config import TrainConfig
 
 
@@ -234,9 +234,11 @@ def show_data(model_spec: str, data: str, index: int) -> None:
 
 @main.command()
 @model_option(required=True)
-@click.option("--data", default="sharegpt", show_default=True,
-              help="'sharegpt', a .json/.jsonl(.gz)/.txt file or a folder of part-*.jsonl.gz shards; several "
-                   "sources mix by weight: sharegpt:1,data/regenerated/MODEL:1.")
+@click.option("--data", default=TRAINING_DATA, show_default=True,
+              help="'sharegpt', a .json/.jsonl(.gz)/.txt file, a folder of part-*.jsonl.gz shards, or 'own': the "
+                   "target's own answers (every folder `eaglespec regenerate` wrote for it under data/regenerated); "
+                   "several sources mix by weight. The default, own and human answers two to one, trains the best "
+                   "heads; without own answers it takes ShareGPT alone, and says so.")
 @click.option("--split", type=click.Choice(["train", "heldout"]), default="train", show_default=True)
 @click.option("--limit", type=int, default=None, help="Conversations to take from the split (default: all).")
 @click.option("--skip", default=0, show_default=True, help="Conversations of the split passed over first.")
@@ -262,6 +264,7 @@ def extract(model_spec, data, split, limit, skip, max_len, answer_tokens, heldou
     """Extract target features for training (resumable; runs unchanged under torchrun)."""
     import torch
 
+    from eaglespec.models.conversations import with_own_answers
     from eaglespec.models.load import load_target
     from eaglespec.training.features import ExtractConfig
     from eaglespec.training.features import extract as run_extract
@@ -270,6 +273,9 @@ def extract(model_spec, data, split, limit, skip, max_len, answer_tokens, heldou
         torch.set_num_threads(threads)
     if device == "cuda":
         device = f"cuda:{os.environ.get('LOCAL_RANK', '0')}"
+    data, note = with_own_answers(data, model_spec, split, heldout_fraction, seed)
+    if note:
+        click.echo(note, err=True)
     target = load_target(model_spec, dtype, device)
     config = ExtractConfig(model_spec, data, split, limit, max_len, heldout_fraction, seed, shard_size,
                            _aux_layers(aux_layers, target.model.config.num_layers), dtype, skip, answer_tokens)

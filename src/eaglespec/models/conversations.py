@@ -1,6 +1,6 @@
 """Conversations to train on and to benchmark with: ShareGPT (the bundled file, read object by object
 because it is truncated), JSONL of ShareGPT / OpenAI / text records, or plain text; a fixed held-out
-split by conversation id; several sources mixed by weight."""
+split by conversation id; several sources mixed by weight; `own`, the target's own answers."""
 
 from __future__ import annotations
 
@@ -15,6 +15,7 @@ from eaglespec.errors import InvalidArgumentError
 from eaglespec.models.fetch import fetch_dataset
 from eaglespec.models.registry import DATASETS
 
+OWN_ANSWERS = Path("data") / "regenerated"  # where `own` looks for the folders `eaglespec regenerate` wrote
 PARAGRAPH = "\n\n"  # between a conversation's turns, for a base model (no chat template)
 HELDOUT_FRACTION = 0.02  # of conversations held out (by id), never trained on
 SPLIT_SEED = 0
@@ -191,6 +192,34 @@ def parse_sources(spec: str) -> list[tuple[str, float]]:
     if sum(w for _, w in sources) <= 0:
         raise InvalidArgumentError(f"--data '{spec}': the weights sum to 0; give at least one a positive weight")
     return sources
+
+
+def with_own_answers(spec: str, model: str, split: str = "train", fraction: float = HELDOUT_FRACTION,
+                     seed: int = SPLIT_SEED, root: Path = OWN_ANSWERS) -> tuple[str, str | None]:
+    """`--data` with `own` (the target's own answers) spelled out: every folder under `root` whose
+    manifest says `eaglespec regenerate` wrote it for `model`, each weighted by its conversations in
+    the split within own's weight; and a note where there are none (then `own` is left out)."""
+    sources = parse_sources(spec)
+    if "own" not in (source for source, _ in sources):
+        return spec, None
+    folders = sorted(path.parent for path in root.glob("*/manifest.json")
+                     if json.loads(path.read_text()).get("model") == model)
+    held = split == "heldout"
+    counts = [sum(is_held_out(c.id, fraction, seed) == held for c in read_conversations(str(folder), ReadReport()))
+              for folder in folders]
+    note = None
+    if not sum(counts):
+        note = (f"no own answers of '{model}' in the {split} split under {root}/ (make them with `eaglespec "
+                f"regenerate --model {model} --out {root}/{model}`): taking the other sources of '{spec}' alone")
+    parts = []
+    for source, weight in sources:
+        if source == "own":
+            parts += [f"{folder}:{weight * n / sum(counts):.6g}" for folder, n in zip(folders, counts) if n]
+        else:
+            parts.append(f"{source}:{weight:g}")
+    if not parts:
+        raise InvalidArgumentError(f"--data '{spec}': {note}; and it names no other source")
+    return ",".join(parts), note
 
 
 def _split_of(source: str, split: str, fraction: float, seed: int, report: ReadReport,

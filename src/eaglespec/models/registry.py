@@ -82,6 +82,10 @@ DEFAULT_MODEL = "smollm2-135m-instruct"
 # the bundled smaller model with the same tokenizer, for classic speculative sampling
 DRAFT_MODELS = {"qwen2.5-coder-1.5b-instruct": "qwen2.5-coder-0.5b-instruct"}
 
+# training's default data (`extract --data`): the target's own answers and human ones, two to one,
+# the quality ablation's first on every measure (docs/experiments.md)
+TRAINING_DATA = "own:2,sharegpt:1"
+
 DATASETS: dict[str, Bundle] = {
     d.name: d
     for d in (
