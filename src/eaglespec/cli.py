@@ -386,6 +386,45 @@ def train(config_file: str | None, threads: int | None, **given) -> None:
         click.echo(f"head: {config.out}/head")
 
 
+@main.command()
+@model_option("The target (the teacher)", required=True)
+@click.option("--draft-model", required=True, help="The draft model to distil (the same tokenizer), e.g. "
+              "qwen2.5-coder-0.5b-instruct for qwen2.5-coder-1.5b-instruct.")
+@click.option("--data", default="sharegpt", show_default=True,
+              help="Conversations whose answer tokens the draft learns the target's distributions on (as `extract`; "
+                   "'own' is the target's own answers).")
+@click.option("--limit", type=int, default=None, help="Training conversations (default: all).")
+@click.option("--heldout", default=20, show_default=True, help="Held-out conversations scored before and after.")
+@click.option("--max-len", default=1024, show_default=True, help="Tokens kept per conversation.")
+@click.option("--answer-tokens", default=None, type=int, help="Tokens kept of each answer (as `extract`).")
+@click.option("--lora-rank", default=16, show_default=True, help="LoRA rank on every linear of the layers; 0: all weights.")
+@click.option("--lora-alpha", default=32.0, show_default=True)
+@click.option("--lr", default=2e-4, show_default=True)
+@click.option("--warmup-steps", default=10, show_default=True)
+@click.option("--batch", default=4, show_default=True, help="Conversations per step.")
+@click.option("--total-minutes", default=600.0, show_default=True,
+              help="Work minutes of all runs together: the learning rate decays to 0 there.")
+@click.option("--budget-minutes", default=60.0, show_default=True, help="This run's work minutes (CPU time per thread).")
+@click.option("--checkpoint-every", default=10, show_default=True, help="Steps between checkpoints.")
+@click.option("--seed", default=0, show_default=True)
+@click.option("--out", required=True, type=click.Path(file_okay=False),
+              help="Run folder (resumable: run again to continue); the draft goes to OUT/draft.")
+@click.option("--threads", default=None, type=int)
+def distill(model_spec, draft_model, data, limit, heldout, max_len, answer_tokens, lora_rank, lora_alpha, lr, warmup_steps,
+            batch, total_minutes, budget_minutes, checkpoint_every, seed, out, threads) -> None:
+    """Distil a draft model toward the target (DistillSpec: forward KL on the target's distributions;
+    resumable). Use the result with `--method sps --draft-model OUT/draft`."""
+    import torch
+
+    from eaglespec.training.distill import DistillConfig
+    from eaglespec.training.distill import distill as run_distill
+
+    if threads:
+        torch.set_num_threads(threads)
+    run_distill(DistillConfig(model_spec, draft_model, out, data, limit, heldout, max_len, answer_tokens, lora_rank,
+                              lora_alpha, lr, warmup_steps, batch, total_minutes, budget_minutes, checkpoint_every, seed))
+
+
 @main.command("eval-head")
 @model_option()
 @click.option("--head", "head_spec", default="default", show_default=True, help="Head folder or 'default'.")

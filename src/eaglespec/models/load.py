@@ -10,6 +10,7 @@ import torch
 from safetensors import SafetensorError, safe_open
 
 from eaglespec.errors import CorruptWeightsError, UnknownModelError
+from eaglespec.models.adapter import adapter_base, merge_adapter
 from eaglespec.models.config import ModelConfig
 from eaglespec.models.decoder import Decoder
 from eaglespec.models.families import family_of
@@ -182,16 +183,17 @@ def build_decoder(config: ModelConfig, hf_tensors: dict[str, torch.Tensor], dtyp
 
 def load_target(spec: str, dtype: str | torch.dtype = "bfloat16", device: str = "cpu",
                 weights: str = "dense") -> Target:
-    """Load a target model by bundled name, Hugging Face folder or .gguf path; `weights` int8 or
-    int4 keeps its linears quantized (see `quantize.py`)."""
+    """Load a target model by bundled name, Hugging Face folder, .gguf path or LoRA adapter folder
+    (`models/adapter.py`); `weights` int8 or int4 keeps its linears quantized (see `quantize.py`)."""
     from transformers import AutoConfig, AutoTokenizer
 
     torch_dtype = DTYPES[dtype] if isinstance(dtype, str) else dtype
-    folder = resolve(spec)
+    base = adapter_base(spec)  # a LoRA adapter folder (`eaglespec distill`): its base, the adapter merged
+    folder = resolve(base or spec)
     hf_config = AutoConfig.from_pretrained(str(folder))
     dense = weights == "dense"
-    model = build_decoder(ModelConfig.from_hf(hf_config), read_safetensors(folder),
-                          torch_dtype if dense else torch.float32).to(device)
+    state = merge_adapter(read_safetensors(folder), spec) if base else read_safetensors(folder)
+    model = build_decoder(ModelConfig.from_hf(hf_config), state, torch_dtype if dense else torch.float32).to(device)
     report = None if dense else quantize(model, weights, torch_dtype)
     model.pack_weights()
     tokenizer = AutoTokenizer.from_pretrained(str(folder))
