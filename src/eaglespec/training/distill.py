@@ -166,27 +166,22 @@ class Distill:
         with atomic_path(self.checkpoint) as tmp:
             torch.save(saved, tmp)
 
-    def _teacher_logits(self, ids: Tensor) -> Tensor:
-        model = self.teacher.model
-        logits, _ = model(ids[None], model.new_cache(len(ids)))
-        return logits[0]
-
-    def loss(self, ids: Tensor, mask: Tensor) -> Tensor:
-        """The mean forward KL over the conversation's answer positions."""
+    def logits(self, ids: Tensor, mask: Tensor) -> tuple[Tensor, Tensor]:
+        """The target's and the draft's logits at the conversation's answer positions [N, V] (the
+        draft's with gradients where they are on)."""
         with torch.no_grad():
-            teacher = self._teacher_logits(ids)[mask]
+            model = self.teacher.model
+            teacher = model(ids[None], model.new_cache(len(ids)))[0][0][mask]
         with torch.autocast("cpu", dtype=torch.bfloat16):
             student = self.student(ids[None]).logits[0][mask]
-        return forward_kl(teacher, student).mean()
+        return teacher, student
 
     @torch.no_grad()
     def score(self) -> dict:
         """Held-out mean forward KL and top-1 agreement, over answer positions."""
         kl, agree, positions = 0.0, 0, 0
         for ids, mask in filter(None, map(self._rendered, self.heldout)):
-            teacher = self._teacher_logits(ids)[mask]
-            with torch.autocast("cpu", dtype=torch.bfloat16):
-                student = self.student(ids[None]).logits[0][mask]
+            teacher, student = self.logits(ids, mask)
             kl += forward_kl(teacher, student).sum().item()
             agree += (teacher.argmax(-1) == student.argmax(-1)).sum().item()
             positions += len(teacher)
@@ -217,7 +212,7 @@ class Distill:
             for i in range(config.batch):
                 rendered = self._rendered(self.train_set[(state.seen + i) % len(self.train_set)])
                 if rendered is not None:  # (a conversation cut before its first answer token counts, untrained)
-                    loss = self.loss(*rendered) / config.batch
+                    loss = forward_kl(*self.logits(*rendered)).mean() / config.batch
                     loss.backward()
                     total += loss.item()
             torch.nn.utils.clip_grad_norm_(self.params, 1.0)
