@@ -8,7 +8,8 @@
 # - SafeAILab's official runtime (eagle-llm 1.2.1) with transformers 4.36.2, in .venv-eagle, without
 #   its web-demo and training dependencies (gradio, wandb, fschat, ...). It runs Llama targets only.
 # - llama.cpp (built by scripts/setup_llamacpp.sh), for the models that have an EAGLE-3 head in
-#   src/eaglespec/heads/shipped/eagle3/ (benchmarks/recipes/train_eagle3.sh): it drafts with no other head type;
+#   src/eaglespec/heads/shipped/eagle3/ (benchmarks/recipes/train_eagle3.sh; vLLM runs those too): it drafts
+#   with no other head type, on targets whose graph hands the draft its layers' inputs (not Qwen2's);
 #   and the tests marked llamacpp (EAGLE-3 heads of tiny Qwen3 and Llama-3 targets in llama-server).
 #     bash scripts/test-interop.sh [MODEL ...]     (default: smollm2-135m-instruct qwen2.5-coder-0.5b-instruct)
 set -euo pipefail
@@ -37,8 +38,12 @@ for model in "${models[@]}"; do
     if grep -q '"model_type": "llama"' "$dir/config.json"; then
         .venv/bin/python benchmarks/experiments/interop.py "$model" --engine eagle-llm
     fi
-    if [ -f "src/eaglespec/heads/shipped/eagle3/$model/config.json" ]; then
-        bash scripts/setup_llamacpp.sh >/dev/null
-        .venv/bin/python benchmarks/experiments/interop.py "$model" --engine llama.cpp --head "src/eaglespec/heads/shipped/eagle3/$model"
+    eagle3=src/eaglespec/heads/shipped/eagle3/$model
+    if [ -f "$eagle3/config.json" ]; then
+        .venv/bin/python benchmarks/experiments/interop.py "$model" --engine vllm --head "$eagle3"
+        if .venv/bin/python -c "import json, sys; from eaglespec.models.llamacpp import EAGLE3_TARGETS
+sys.exit(json.load(open('$dir/config.json'))['model_type'] not in EAGLE3_TARGETS)"; then
+            .venv/bin/python benchmarks/experiments/interop.py "$model" --engine llama.cpp --head "$eagle3"
+        fi
     fi
 done

@@ -114,9 +114,9 @@ def test_what_a_format_cannot_carry_is_refused(targets, tmp_path, random_medusa,
         ("q1", qwen2, "official", "this qwen2 head has them: use --format sglang or vllm"),
         ("medusa", smollm2, "vllm", "no engine format carries eaglespec's Medusa heads"),
         ("l1", llama, "tensorrt", "unknown export format 'tensorrt'"),
-        # llama.cpp drafts with EAGLE-3 heads alone, and its EAGLE-3 layer has no attention biases
+        # llama.cpp drafts with EAGLE-3 heads alone, on targets whose graph gives the layers' inputs
         ("l1", llama, "llama.cpp", "EAGLE-3 heads only and this head is eagle1"),
-        ("q3", qwen2, "llama.cpp", "has no attention biases and this head's layer"),
+        ("q3", qwen2, "llama.cpp", "qwen2 graph does not hand a draft its layers' inputs"),
     ]:
         with pytest.raises(InvalidArgumentError, match=message):
             export_head(str(tmp_path / spec), target, fmt, tmp_path / f"out-{spec}-{fmt}")

@@ -70,6 +70,7 @@ def main() -> None:
     import eaglespec
     from eaglespec.bench.datasets import load_items
     from eaglespec.decoding.generate import prompt_ids
+    from eaglespec.heads.checkpoint import head_type_of, resolve_head
     from eaglespec.heads.export import export_head
     from eaglespec.models.load import load_target, resolve
 
@@ -79,6 +80,7 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as tmp:
         head_dir = Path(tmp) / "head"
         export_head(args.head, target, engine["format"], head_dir)
+        head_kind = head_type_of(json.loads((resolve_head(args.head, args.model) / "config.json").read_text()))
         del target
         common = {"model": args.model, "target": str(resolve(args.model)), "head": str(head_dir), "prompts": prompts,
                   "max_new_tokens": args.max_new_tokens, "k": args.k}
@@ -114,7 +116,9 @@ def main() -> None:
         "engine_counters": {k: v for k, v in eagle.items() if k not in ("tokens", "seconds", "tau")},
         "machine": machine(),
     }
-    out = ROOT / "benchmarks" / "results" / "interop" / f"{args.engine}-{args.model}.json"
+    # an engine that takes both head types: the EAGLE-3 head's record beside the (shipped) EAGLE-1 one's
+    tag = "-eagle3" if head_kind == "eagle3" and args.engine != "llama.cpp" else ""
+    out = ROOT / "benchmarks" / "results" / "interop" / f"{args.engine}-{args.model}{tag}.json"
     write_json(result, out)
     print(json.dumps({k: v for k, v in result.items() if k not in ("prompts", "machine")}, indent=1))
 

@@ -6,11 +6,13 @@
 # target's next-token distribution over an 8,192-token draft vocabulary (soft cross-entropy,
 # EAGLE-3's loss) three draft steps deep (training-time test), on the long program's data recipe:
 # the target's own answers and human ShareGPT ones, two to one, cut at 192 tokens (features in bf16,
-# the held-out ones in fp32). BUDGET minutes of training (CPU minutes per thread; default 780, so that
-# with its extraction the head costs at least the 13.5 CPU hours behind the shipped EAGLE-1 head; the
-# learning rate decays to 0 at it; about 13 hours of a 2-core machine, with 2.97M tokens to extract
-# first). Resumable where its cache survives (features and checkpoints are in ~/.cache/eaglespec): run
-# it again with the same BUDGET after an interruption (a finished run returns at once); another BUDGET
+# the held-out ones in fp32). BUDGET minutes of training (wall minutes of 2 threads; the learning rate
+# decays to 0 at it), so that with its extraction each head costs at least its EAGLE-1 head's CPU hours:
+# SmolLM2 780 (13.5 hours behind the shipped head; about 13 hours of a 2-core machine, with 2.97M
+# tokens to extract first), Qwen2.5-Coder-0.5B 420 (the program's 4.55 hours after a starting head
+# whose cost was not recorded: 1,200 conversations, 3 epochs). Resumable where its cache survives
+# (features and checkpoints are in ~/.cache/eaglespec): run it again with the same BUDGET after an
+# interruption (a finished run returns at once); another BUDGET
 # is another run, in its own folder, from the start (the features are shared). Its config, eval and
 # curves go to benchmarks/results/heads/eagle3-MODEL/.
 set -euo pipefail
@@ -19,11 +21,14 @@ MODEL=${1:?usage: train_eagle3.sh MODEL}
 case "$MODEL" in
     smollm2-135m-instruct)
         OWN=data/regenerated/$MODEL
-        DATA=(--data "$OWN:3460,$OWN-short:1363,$OWN-more:2705,sharegpt:3764" --answer-tokens 192); VOCAB=8192 ;;
-    *) echo "no EAGLE-3 recipe for '$MODEL' (llama.cpp's EAGLE-3 layer has no attention biases, so Qwen2" \
-            "heads would run in vLLM and SGLang only)" >&2; exit 1 ;;
+        DATA=(--data "$OWN:3460,$OWN-short:1363,$OWN-more:2705,sharegpt:3764" --answer-tokens 192); VOCAB=8192
+        BUDGET=${BUDGET:-780} ;;
+    qwen2.5-coder-0.5b-instruct)  # runs in vLLM and SGLang: llama.cpp's Qwen2 graph gives no layer inputs to a draft
+        OWN=data/regenerated/$MODEL
+        DATA=(--data "$OWN:194,$OWN-more:3360,sharegpt:1777" --answer-tokens 192); VOCAB=16384
+        BUDGET=${BUDGET:-420} ;;
+    *) echo "no EAGLE-3 recipe for '$MODEL': see the recipes in this script" >&2; exit 1 ;;
 esac
-BUDGET=${BUDGET:-780}
 E=.venv/bin/eaglespec
 CACHE=${EAGLESPEC_CACHE:-$HOME/.cache/eaglespec}
 F=$CACHE/features

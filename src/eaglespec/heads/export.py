@@ -18,7 +18,7 @@ Formats (what each engine's loader reads; see the README's serving section for t
 - `speculators`: the speculators config form that vLLM also reads (EAGLE-3 only: speculators has
   no EAGLE-1 form).
 - `llama.cpp`: the GGUF that llama.cpp's `--spec-type draft-eagle3` loads (it drafts with EAGLE-3
-  heads only, and its EAGLE-3 layer has no attention biases), made by llama.cpp's own converter from
+  heads only, for targets whose graph gives their layers' inputs: `EAGLE3_TARGETS`), made by llama.cpp's own converter from
   the vLLM layout (`bash scripts/setup_llamacpp.sh --source` fetches it; without --source it also
   builds the programs that serve it); `load_head` reads it back (`gguf_head.py`).
 Medusa heads are not exported: the engines' Medusa layouts carry an LM head per head, ours share
@@ -48,7 +48,7 @@ FORMATS = {
     "vllm": "vLLM (`--speculative-config` method eagle or eagle3)",
     "sglang": "SGLang (`--speculative-algorithm EAGLE` or `EAGLE3`)",
     "speculators": "the speculators config form, read by vLLM (EAGLE-3 heads)",
-    "llama.cpp": "llama.cpp (`--spec-type draft-eagle3`; EAGLE-3 heads without attention biases)",
+    "llama.cpp": "llama.cpp (`--spec-type draft-eagle3`; EAGLE-3 heads of Llama and Qwen3 targets)",
 }
 TYPES = {"official": ("eagle1",), "vllm": ("eagle1", "eagle3"), "sglang": ("eagle1", "eagle3"),
          "speculators": ("eagle3",), "llama.cpp": ("eagle3",)}

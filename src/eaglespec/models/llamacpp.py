@@ -89,14 +89,25 @@ def peer_gguf(spec: str, weights: str, dtype: str) -> Path:
     return out
 
 
+# Target families whose llama.cpp graph hands a draft the hidden states entering its layers
+# (`t_layer_inp` in src/models/<arch>.cpp), which `--spec-type draft-eagle3` reads: Llama's graph
+# (Mistral and Mixtral convert to it), Qwen3's and Qwen3-MoE's; not Qwen2's, Gemma-3's or Phi-3's.
+EAGLE3_TARGETS = ("llama", "mistral", "mixtral", "qwen3", "qwen3_moe")
+
+
 def check_eagle3_head(head) -> None:
-    """llama.cpp's draft-eagle3 runs EAGLE-3 heads whose layer is Llama's: no attention biases."""
+    """llama.cpp's draft-eagle3 runs EAGLE-3 heads whose layer is Llama's (no attention biases) on
+    targets whose graph gives it their layers' inputs (EAGLE3_TARGETS)."""
     if head.head_type != "eagle3":
         raise InvalidArgumentError(f"llama.cpp drafts with EAGLE-3 heads only and this head is {head.head_type}: "
                                    "pass --head with an EAGLE-3 head (eaglespec train --head-type eagle3)")
+    if head.config.family not in EAGLE3_TARGETS:
+        raise InvalidArgumentError(f"llama.cpp's {head.config.family} graph does not hand a draft its layers' "
+                                   f"inputs, so it drafts with EAGLE-3 heads only for {', '.join(EAGLE3_TARGETS)} "
+                                   "targets: export this head with --format vllm or sglang")
     if head.config.qkv_bias:
         raise InvalidArgumentError("llama.cpp's EAGLE-3 layer has no attention biases and this head's layer "
-                                   "(the target family's) has them: it runs in vLLM and SGLang, not llama.cpp")
+                                   "(the target family's) has them: export it with --format vllm or sglang")
 
 
 def source() -> Path:
