@@ -99,12 +99,13 @@ def conversation_loss(head: DraftHead, sample: dict, config: TrainConfig, genera
     with torch.autocast(device_type, dtype=torch.bfloat16, enabled=autocast):
         cache = head.new_cache(sum(max(L - k, 0) for k in range(depth + 1)), dtype=torch.bfloat16 if autocast else None)
         steps = (forward or Unrolled(head))(inputs, tokens, depth, cache)
+        with torch.no_grad():  # once for every step: step k's targets are positions k + 1 onwards
+            target_logits = head.target_logits(final[1:])
         for k, predicted in enumerate(steps):
             at = slice(k + 1, k + 1 + len(predicted))  # chain j's step k predicts position j + k + 1
             draft_logits = head.logits(predicted)
-            with torch.no_grad():
-                target_logits = head.target_logits(final[at])
-            losses = position_losses(terms, draft_logits, target_logits, lse[at], predicted, final[at])
+            losses = position_losses(terms, draft_logits, target_logits[k:k + len(predicted)], lse[at], predicted,
+                                     final[at])
             scored = mask[at]
             total = total + config.unroll_decay ** k * (losses * weights[at]).sum()
             if k == 0:
