@@ -4,6 +4,7 @@ MT-bench, greedy, each draft's run beside vanilla in the same process.
 
     .venv/bin/python benchmarks/experiments/distillspec.py ~/.cache/eaglespec/distill/qwen-0.5b-to-1.5b-lora16 \\
         --out benchmarks/results/ablations/distillspec-qwen-1.5b.json
+    (or: eaglespec suite benchmarks/suites/distillspec.toml --out benchmarks/results/distillspec-MACHINE)
 
 Stop other work while it runs: on a 2-core machine a background job skews every timing.
 """
@@ -29,6 +30,10 @@ def main() -> None:
     parser.add_argument("--limit", type=int, default=8)
     parser.add_argument("--max-new-tokens", type=int, default=128)
     args = parser.parse_args()
+    args.run = args.run.expanduser()
+    if not (args.run / "log.json").is_file():
+        raise SystemExit(f"no distillation run at {args.run}: run `eaglespec distill ... --out {args.run}` first "
+                         "(docs/training.md#distilled-draft-models-distillspec)")
     log = json.loads((args.run / "log.json").read_text())
     results = {}
     for dataset in args.datasets.split(","):
