@@ -158,21 +158,33 @@ def test_a_batch_drafts_only_while_drafting_rounds_beat_plain_ones():
     # loses against measured plain rounds (the first lost to the estimate: no longer wait)
     choice = BatchChoice(costs)
     assert run(choice, 200, (6, 0.060), 0.020) == [0, 8, 24, 56, 120]
-    # each batch size has its own rates; a new one starts from the nearest one's state
+    # each batch size has its own rates; a new one starts from the nearest one's state, tokens per row
+    # alike (a batch whose rows finish must not find 4 rows' drafting tokens fast beside 3 rows' plain ones)
     assert not choice.start_round(3) and choice.by_size.keys() == {3, 4}
-    assert choice.by_size[3].drafted == choice.by_size[4].drafted
+    three, four = choice.by_size[3], choice.by_size[4]
+    assert three.drafted == [four.drafted[0] * 3 / 4, four.drafted[1]] and three.gain == pytest.approx(four.gain)
     # a round's cost grows with the contexts (here 3% a round): drafting rounds are weighed against
     # the plain rounds of their time, so the first one's speed does not outlive it
     assert run(BatchChoice(costs), 100, (6, 0.060), 0.020, growth=0.03) == [0, 8, 24, 56]
     # the estimate leaves out the round's other work (here plain rounds take 30 ms, not 20): drafting
     # that loses to it (8 tokens in 45 ms) but beats measured plain rounds goes plain for one round only
     assert run(BatchChoice(costs), 30, (8, 0.045), 0.030) == [0, *range(2, 30)]
+    # a drafting run goes on while it is within MARGIN of plain rounds (a few rounds' tokens vary), and
+    # stops once clearly slower
+    assert run(BatchChoice(costs), 20, (3.9, 0.020), 0.020) == list(range(20))
+    assert run(BatchChoice(costs), 20, (3.7, 0.020), 0.020) == [0, 8]
     # the heads' catch-up over the entries that waited through plain rounds counts as theirs: drafting
     # at 12 tokens in 40 ms beats plain rounds even with 30 ms of catch-up after them
     assert run(BatchChoice(costs), 12, (12, 0.040), 0.020, waited=0.030) == list(range(12))
     choice = BatchChoice(costs)
     run(choice, 30, (6, 0.060), 0.020, waited=0.005)
     assert choice.by_size[4].plain[2] > 0
+    # a catch-up after more plain rounds than the plain sums weigh is charged by each round's share
+    rates = choice.by_size[4]
+    window, charged = rates.plain[0] / 4, rates.plain[2]
+    rates.drafting, rates.waited = True, 100
+    rates.record(6, 0.100, 0.040)
+    assert rates.plain[2] == pytest.approx(charged + 0.040 * window / 100)
 
 
 def test_auto_charges_the_heads_catch_up_over_waiting_entries_to_the_rounds_without_a_draft():
@@ -185,6 +197,11 @@ def test_auto_charges_the_heads_catch_up_over_waiting_entries_to_the_rounds_with
     auto.catch_up(0.010, 0.005)
     assert auto.round_start == 1.015  # the drafting round's clock starts after both
     assert auto.plain_rate == 1 / 0.020 and auto.rate == 1 / 0.010
+    # after more plain rounds than the plain sums weigh (here one round's worth), each carries its share
+    auto = AutoSize(ForwardCosts([0.0, 0.010, 0.012]))
+    auto.plain_rounds = 40
+    auto.catch_up(0.040, 0.0)
+    assert auto.plain_rate == pytest.approx(1 / 0.011)
 
 
 def test_auto_expands_only_the_nodes_whose_children_could_pay_on_this_cost_curve():

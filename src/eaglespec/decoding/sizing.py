@@ -71,6 +71,15 @@ def best_prefix(expected: list[float], costs: RoundCosts, spent: float, plain: b
     return best, best_sum
 
 
+def waited_share(window: float, rounds: int) -> float:
+    """The part of a head's pass over the entries of `rounds` rounds without a draft that the plain
+    rounds' decayed sums take, as their `window` (the rounds they weigh, as tokens per round) holds
+    only the latest of those rounds: each round carries its own entries' share, so that one pass
+    after a long wait does not weigh as if the few rounds in the window had cost it all (it made
+    drafting look 20% faster than it was at 8 rows after a wait of 88 rounds)."""
+    return min(1.0, window / rounds) if rounds > 0 else 1.0
+
+
 class AutoSize:
     """Sizes the `auto` tree each round for the machine at hand. A draft path's probability
     (exp of its cumulative log-probability), scaled by the measured ratio of accepted to predicted
@@ -147,7 +156,7 @@ class AutoSize:
         through rounds without a draft, counted as theirs so that skipping drafts is not paid by
         drafting, and `prompt` seconds over the prompt's, a cost of the generation, not of a round."""
         self.round_start += waited + prompt
-        self.plain[1] += waited
+        self.plain[1] += waited * waited_share(self.plain[0], self.plain_rounds)
 
     def finish_round(self, tokens: int, drafted: int) -> None:
         """The round accepted `tokens` tokens, `drafted` of them draft tokens of this head's."""
@@ -259,12 +268,14 @@ class BatchRates:
     seconds over the latest plain round's: a round's cost grows with the rows' contexts, and an old
     drafting round must not look fast beside new plain ones), each summed with weight MEMORY^age
     over the rounds of its kind. Rounds draft while drafting ones give more tokens per plain round's
-    worth of seconds than plain ones; after PROBE - 1 plain rounds drafting starts again to measure
+    worth of seconds than plain ones, and drafting stops only once they give less than 1 - MARGIN of
+    them (the tokens of a few rounds vary: at 2 rows, where drafting gained 1.2x, dips of its measured
+    gain below 1 turned it off); after PROBE - 1 plain rounds drafting starts again to measure
     anew, for as many rounds as make PROBE_ROWS rows' rounds (one row's tokens vary too much to judge
     by, a batch's less), and each such probe that loses to measured plain rounds doubles the wait,
     up to MAX_PROBE rounds (a probe drafts in every row: at 8 rows it cost 2x a plain round). The
     heads' pass over the entries that waited through plain rounds counts as those rounds' time, as in
-    `AutoSize`. The plain rounds' seconds start as the measured forward of one token per row, an
+    `AutoSize` (`waited_share`). The plain rounds' seconds start as the measured forward of one token per row, an
     estimate that leaves out the round's other work, so it weighs as a tenth of a round and the first
     measured plain round outweighs it (and re-weighs the drafting rounds before it); an `earlier`
     state (the nearest batch size's) carries over."""
@@ -272,6 +283,7 @@ class BatchRates:
     PROBE, MAX_PROBE = 8, 128
     PROBE_ROWS = 3
     MEMORY = 0.9
+    MARGIN = 0.05
     ESTIMATE_WEIGHT = 0.1
 
     def __init__(self, rows: int, seconds: float, earlier: BatchRates | None = None):
@@ -286,18 +298,22 @@ class BatchRates:
         self.waited = 0  # plain rounds since the last drafting one
         self.probe = self.PROBE
         if earlier is not None:
-            self.drafted, self.measured, self.probe = list(earlier.drafted), earlier.measured, earlier.probe
-            self.plain = [earlier.plain[0] * rows / earlier.rows, *earlier.plain[1:]]  # (per row alike)
+            # tokens per row alike; a drafting round's cost in plain rounds' worth alike
+            scale = rows / earlier.rows
+            self.drafted = [earlier.drafted[0] * scale, earlier.drafted[1]]
+            self.plain = [earlier.plain[0] * scale, *earlier.plain[1:]]
+            self.measured, self.probe = earlier.measured, earlier.probe
 
     def decide(self) -> bool:
         """Whether this round drafts."""
-        self.drafting = (self.gain >= 1.0 or self.waited >= self.probe - 1 or 0 < self.streak < self.rounds)
+        keeps = 1.0 - self.MARGIN if self.streak else 1.0  # a drafting run goes on unless clearly slower
+        self.drafting = (self.gain >= keeps or self.waited >= self.probe - 1 or 0 < self.streak < self.rounds)
         return self.drafting
 
     def record(self, tokens: float, seconds: float, waited: float) -> None:
         """This round gave `tokens` tokens in `seconds`, `waited` of them the heads' catch-up."""
         m = self.MEMORY
-        self.plain[2] += waited
+        self.plain[2] += waited * waited_share(self.plain[0] / self.rows, self.waited)
         if self.drafting:
             round_seconds = self.rows * self.plain[1] / self.plain[0]  # the latest plain round's
             self.drafted[:] = [m * self.drafted[0] + tokens, m * self.drafted[1] + (seconds - waited) / round_seconds]
@@ -311,7 +327,7 @@ class BatchRates:
         self.streak = self.streak + 1 if self.drafting else 0
         if self.gain >= 1.0:
             self.probe = self.PROBE
-        elif self.streak == self.rounds and self.measured:  # a probe found drafting still slower
+        elif self.streak == self.rounds and self.measured and self.gain < 1.0 - self.MARGIN:  # a probe lost
             self.probe = min(2 * self.probe, self.MAX_PROBE)
 
     @property
