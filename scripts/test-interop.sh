@@ -41,8 +41,9 @@ for model in "${models[@]}"; do
     eagle3=src/eaglespec/heads/shipped/eagle3/$model
     if [ -f "$eagle3/config.json" ]; then
         .venv/bin/python benchmarks/experiments/interop.py "$model" --engine vllm --head "$eagle3"
-        if .venv/bin/python -c "import json, sys; from eaglespec.models.llamacpp import EAGLE3_TARGETS
-sys.exit(json.load(open('$dir/config.json'))['model_type'] not in EAGLE3_TARGETS)"; then
+        fits=$(.venv/bin/python -c "import json, sys; from eaglespec.models.llamacpp import EAGLE3_TARGETS
+print(json.load(open(sys.argv[1]))['model_type'] in EAGLE3_TARGETS)" "$dir/config.json")  # llama.cpp's graph gives layer inputs
+        if [ "$fits" = True ]; then
             .venv/bin/python benchmarks/experiments/interop.py "$model" --engine llama.cpp --head "$eagle3"
         fi
     fi

@@ -145,12 +145,13 @@ def test_a_batch_drafts_only_while_drafting_rounds_beat_plain_ones():
         """Which rounds drafted: drafting ones give `drafted` (tokens, seconds) and `waited` seconds
         more for the heads' catch-up after plain rounds, plain ones 4 tokens in `plain_seconds`;
         every round's seconds grow by `growth` per round before it (longer contexts)."""
-        chosen = []
+        chosen, plain = [], 0  # plain: rounds since the last drafting one (a row's waiting entries)
         for i in range(rounds):
             chosen.append(choice.start_round(4))
-            caught_up = waited if chosen[-1] and i and not chosen[-2] else 0.0
+            caught_up = waited if chosen[-1] and plain else 0.0
             tokens, seconds = drafted if chosen[-1] else (4, plain_seconds)
-            choice.finish_round(tokens, seconds * (1 + growth * i) + caught_up, caught_up)
+            choice.finish_round(tokens, seconds * (1 + growth * i) + caught_up, caught_up, plain if chosen[-1] else 0)
+            plain = 0 if chosen[-1] else plain + 1
         return [i for i, drafts in enumerate(chosen) if drafts]
 
     # drafting: 6 tokens in 60 ms against plain rounds of 4 in 20 ms: one probe of one round (4 rows'
@@ -169,10 +170,15 @@ def test_a_batch_drafts_only_while_drafting_rounds_beat_plain_ones():
     # the estimate leaves out the round's other work (here plain rounds take 30 ms, not 20): drafting
     # that loses to it (8 tokens in 45 ms) but beats measured plain rounds goes plain for one round only
     assert run(BatchChoice(costs), 30, (8, 0.045), 0.030) == [0, *range(2, 30)]
-    # a drafting run goes on while it is within MARGIN of plain rounds (a few rounds' tokens vary), and
-    # stops once clearly slower
-    assert run(BatchChoice(costs), 20, (3.9, 0.020), 0.020) == list(range(20))
-    assert run(BatchChoice(costs), 20, (3.7, 0.020), 0.020) == [0, 8]
+    # a probe that never gives more than plain rounds stops, even within MARGIN of them
+    assert run(BatchChoice(costs), 20, (3.9, 0.020), 0.020) == [0, 8]
+    # a drafting run that has given more goes on while within MARGIN of plain rounds (a few rounds'
+    # tokens vary), and stops once clearly slower: 4.4 tokens a round, then 3.9, then 3.5
+    choice, drafts = BatchChoice(costs), []
+    for tokens in [4.4] * 5 + [3.9] * 30 + [3.5] * 20:
+        drafts.append(choice.start_round(4))
+        choice.finish_round(tokens if drafts[-1] else 4, 0.020)
+    assert all(drafts[:35]) and not all(drafts[35:])
     # the heads' catch-up over the entries that waited through plain rounds counts as theirs: drafting
     # at 12 tokens in 40 ms beats plain rounds even with 30 ms of catch-up after them
     assert run(BatchChoice(costs), 12, (12, 0.040), 0.020, waited=0.030) == list(range(12))
@@ -182,8 +188,8 @@ def test_a_batch_drafts_only_while_drafting_rounds_beat_plain_ones():
     # a catch-up after more plain rounds than the plain sums weigh is charged by each round's share
     rates = choice.by_size[4]
     window, charged = rates.plain[0] / 4, rates.plain[2]
-    rates.drafting, rates.waited = True, 100
-    rates.record(6, 0.100, 0.040)
+    rates.drafting = True
+    rates.record(6, 0.100, 0.040, 100)
     assert rates.plain[2] == pytest.approx(charged + 0.040 * window / 100)
 
 
@@ -194,13 +200,12 @@ def test_auto_charges_the_heads_catch_up_over_waiting_entries_to_the_rounds_with
     auto.round_start = 1.0
     # this drafting round ran the head over entries of earlier plain rounds (10 ms) and over the
     # prompt (5 ms): the first is theirs, the second no round's
-    auto.catch_up(0.010, 0.005)
+    auto.catch_up(0.010, 0.005, 1)
     assert auto.round_start == 1.015  # the drafting round's clock starts after both
     assert auto.plain_rate == 1 / 0.020 and auto.rate == 1 / 0.010
     # after more plain rounds than the plain sums weigh (here one round's worth), each carries its share
     auto = AutoSize(ForwardCosts([0.0, 0.010, 0.012]))
-    auto.plain_rounds = 40
-    auto.catch_up(0.040, 0.0)
+    auto.catch_up(0.040, 0.0, 40)
     assert auto.plain_rate == pytest.approx(1 / 0.011)
 
 

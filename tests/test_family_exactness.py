@@ -106,7 +106,7 @@ def test_a_batch_that_decodes_some_rounds_plainly_keeps_every_rows_tokens(monkey
     choices = itertools.cycle([True, False, False])
     skipped = []
     monkeypatch.setattr(BatchChoice, "start_round", lambda self, rows: skipped.append(not (c := next(choices))) or c)
-    monkeypatch.setattr(BatchChoice, "finish_round", lambda self, tokens, seconds, waited: None)
+    monkeypatch.setattr(BatchChoice, "finish_round", lambda self, tokens, seconds, waited, entries: None)
     _, target, head, exit_head = tiny("qwen3", torch.bfloat16)
     method = method_of("eagle", head, exit_head)
     lengths = (24, 8, 24)

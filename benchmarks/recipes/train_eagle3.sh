@@ -3,7 +3,7 @@
 # load beside EAGLE-1 and the only one llama.cpp loads (`--spec-type draft-eagle3`):
 #     bash benchmarks/recipes/train_eagle3.sh smollm2-135m-instruct
 # The head reads the hidden states entering layers 2, N/2 and N-3 (vLLM's default), learns the
-# target's next-token distribution over an 8,192-token draft vocabulary (soft cross-entropy,
+# target's next-token distribution over a draft vocabulary (8,192 tokens for SmolLM2, 16,384 for Qwen; soft cross-entropy,
 # EAGLE-3's loss) three draft steps deep (training-time test), on the long program's data recipe:
 # the target's own answers and human ShareGPT ones, two to one, cut at 192 tokens (features in bf16,
 # the held-out ones in fp32). BUDGET minutes of training (wall minutes of 2 threads; the learning rate

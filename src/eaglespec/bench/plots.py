@@ -9,9 +9,15 @@ from eaglespec.files import save_figure
 from eaglespec.optional import pyplot
 
 
+def model_label(config: dict) -> str:
+    """The run's model, with its head where it is not the shipped one (runs that compare heads)."""
+    head = config.get("head")
+    return config["model"] if head in (None, "default") else f"{config['model']} (head {'/'.join(Path(head).parts[-2:])})"
+
+
 def label(result: dict) -> str:
     c = result["config"]
-    return f"{c['model']} / {c['dataset']} / T={c['temperature']:g}"
+    return f"{model_label(c)} / {c['dataset']} / T={c['temperature']:g}"
 
 
 def plot_speedups(results: list[dict], path: Path) -> None:

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from eaglespec.bench.plots import plot_sources, plot_speedups, plot_tau
+from eaglespec.bench.plots import model_label, plot_sources, plot_speedups, plot_tau
 from eaglespec.bench.run import markdown
 from eaglespec.files import write_text
 
@@ -47,7 +47,7 @@ def bench_report(results: list[dict], folder: Path) -> str:
              "|" + "---|" * (7 + len(families))]
     for r in results:
         c = r["config"]
-        lines.append(f"| {c['model']} | {c['dataset']} | {c['temperature']:g} | {r['items']} ({r['turns']}) | "
+        lines.append(f"| {model_label(c)} | {c['dataset']} | {c['temperature']:g} | {r['items']} ({r['turns']}) | "
                      f"{c.get('weights', 'dense')} | {r['methods']['vanilla']['tokens_per_s']:.1f} | "
                      + " | ".join(cell(r, f) for f in families) + f" | {versus_llama_cpp(r)} |")
     text = "\n".join(lines) + "\n\n" + "\n\n".join(markdown(r) for r in results) + "\n"

@@ -266,8 +266,9 @@ class Scheduler:
             if row.stats.finish_reason:
                 self._leave(row)
         if choice is not None:  # (the rows' catch-ups run in one head forward: the longest counts)
-            waited, prompt = (max(seconds) for seconds in zip(*(row.drafter.caught_up for row in rows)))
-            choice.finish_round(sum(len(accepted) for _, accepted, _ in results), self.clock.now() - started - prompt, waited)
+            waited, prompt, entries = (max(parts) for parts in zip(*(row.drafter.caught_up for row in rows)))
+            choice.finish_round(sum(len(accepted) for _, accepted, _ in results), self.clock.now() - started - prompt,
+                                waited, entries)
         return [(row, accepted) for row, accepted, _ in results]
 
     def _batch_choice(self, rows: list[Row]) -> BatchChoice | None:

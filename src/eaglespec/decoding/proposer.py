@@ -31,8 +31,9 @@ class Proposer:
     reads: tuple[int, ...] = ()  # target layers whose input it reads; () the final features
     entries: HeadEntries | None = None  # its entries in a draft head's cache, where it runs one
     batch_chooses: bool = False  # whether a batch may choose its plain rounds (then `skip` them)
-    # this round's head seconds over entries of rounds without a draft, and over the prompt (batch_chooses)
-    caught_up: tuple[float, float] = (0.0, 0.0)
+    # this round's head seconds over entries of rounds without a draft and over the prompt, and the
+    # number of the former (batch_chooses)
+    caught_up: tuple[float, float, int] = (0.0, 0.0, 0)
 
     def start(self, prompt_ids: list[int], features: Tensor | None) -> None:
         """The prompt, and the target's features at its positions but the last (None: one token)."""

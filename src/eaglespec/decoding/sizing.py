@@ -72,7 +72,8 @@ def best_prefix(expected: list[float], costs: RoundCosts, spent: float, plain: b
 
 
 def waited_share(window: float, rounds: int) -> float:
-    """The part of a head's pass over the entries of `rounds` rounds without a draft that the plain
+    """The part of a head's pass over the entries of `rounds` rounds without a draft (one entry a
+    round and row) that the plain
     rounds' decayed sums take, as their `window` (the rounds they weigh, as tokens per round) holds
     only the latest of those rounds: each round carries its own entries' share, so that one pass
     after a long wait does not weigh as if the few rounds in the window had cost it all (it made
@@ -151,12 +152,13 @@ class AutoSize:
         self.plain_total += not self.drafting
         self.round_start, self.round_tokens = now, 0
 
-    def catch_up(self, waited: float, prompt: float) -> None:
-        """This drafting round spent `waited` seconds running the head over the entries that waited
-        through rounds without a draft, counted as theirs so that skipping drafts is not paid by
-        drafting, and `prompt` seconds over the prompt's, a cost of the generation, not of a round."""
+    def catch_up(self, waited: float, prompt: float, entries: int) -> None:
+        """This drafting round spent `waited` seconds running the head over the `entries` entries that
+        waited through rounds without a draft (one a round), counted as theirs so that skipping drafts
+        is not paid by drafting, and `prompt` seconds over the prompt's, a cost of the generation, not
+        of a round."""
         self.round_start += waited + prompt
-        self.plain[1] += waited * waited_share(self.plain[0], self.plain_rounds)
+        self.plain[1] += waited * waited_share(self.plain[0], entries)
 
     def finish_round(self, tokens: int, drafted: int) -> None:
         """The round accepted `tokens` tokens, `drafted` of them draft tokens of this head's."""
@@ -256,10 +258,10 @@ class BatchChoice:
         self.current = self.by_size[rows]
         return self.current.decide()
 
-    def finish_round(self, tokens: int, seconds: float, waited: float = 0.0) -> None:
+    def finish_round(self, tokens: int, seconds: float, waited: float = 0.0, entries: int = 0) -> None:
         """The round's rows accepted `tokens` tokens in `seconds` (drafting, forward and acceptance),
-        `waited` of those seconds the heads' pass over entries of rounds without a draft."""
-        self.current.record(tokens, seconds, waited)
+        `waited` of those seconds the heads' pass over a row's `entries` entries of rounds without a draft."""
+        self.current.record(tokens, seconds, waited, entries)
 
 
 class BatchRates:
@@ -268,9 +270,9 @@ class BatchRates:
     seconds over the latest plain round's: a round's cost grows with the rows' contexts, and an old
     drafting round must not look fast beside new plain ones), each summed with weight MEMORY^age
     over the rounds of its kind. Rounds draft while drafting ones give more tokens per plain round's
-    worth of seconds than plain ones, and drafting stops only once they give less than 1 - MARGIN of
-    them (the tokens of a few rounds vary: at 2 rows, where drafting gained 1.2x, dips of its measured
-    gain below 1 turned it off); after PROBE - 1 plain rounds drafting starts again to measure
+    worth of seconds than plain ones, and a run of them that has given more stops only once they give
+    less than 1 - MARGIN of them (the tokens of a few rounds vary: at 2 rows, where drafting gained
+    1.2x, dips of its measured gain below 1 turned it off); after PROBE - 1 plain rounds drafting starts again to measure
     anew, for as many rounds as make PROBE_ROWS rows' rounds (one row's tokens vary too much to judge
     by, a batch's less), and each such probe that loses to measured plain rounds doubles the wait,
     up to MAX_PROBE rounds (a probe drafts in every row: at 8 rows it cost 2x a plain round). The
@@ -295,6 +297,7 @@ class BatchRates:
         self.measured = False  # whether plain rounds were measured (else the estimate stands)
         self.drafting = True  # this round's kind
         self.streak = 0  # drafting rounds since the last plain one
+        self.won = False  # whether those rounds have given more than plain ones
         self.waited = 0  # plain rounds since the last drafting one
         self.probe = self.PROBE
         if earlier is not None:
@@ -306,14 +309,15 @@ class BatchRates:
 
     def decide(self) -> bool:
         """Whether this round drafts."""
-        keeps = 1.0 - self.MARGIN if self.streak else 1.0  # a drafting run goes on unless clearly slower
+        keeps = 1.0 - self.MARGIN if self.won else 1.0  # a run that has won goes on unless clearly slower
         self.drafting = (self.gain >= keeps or self.waited >= self.probe - 1 or 0 < self.streak < self.rounds)
         return self.drafting
 
-    def record(self, tokens: float, seconds: float, waited: float) -> None:
-        """This round gave `tokens` tokens in `seconds`, `waited` of them the heads' catch-up."""
+    def record(self, tokens: float, seconds: float, waited: float, entries: int = 0) -> None:
+        """This round gave `tokens` tokens in `seconds`, `waited` of them the heads' catch-up over a
+        row's `entries` entries of plain rounds."""
         m = self.MEMORY
-        self.plain[2] += waited * waited_share(self.plain[0] / self.rows, self.waited)
+        self.plain[2] += waited * waited_share(self.plain[0] / self.rows, entries)
         if self.drafting:
             round_seconds = self.rows * self.plain[1] / self.plain[0]  # the latest plain round's
             self.drafted[:] = [m * self.drafted[0] + tokens, m * self.drafted[1] + (seconds - waited) / round_seconds]
@@ -325,9 +329,10 @@ class BatchRates:
         self.measured = self.measured or not self.drafting
         self.waited = 0 if self.drafting else self.waited + 1
         self.streak = self.streak + 1 if self.drafting else 0
+        self.won = self.drafting and (self.won or self.gain >= 1.0)
         if self.gain >= 1.0:
             self.probe = self.PROBE
-        elif self.streak == self.rounds and self.measured and self.gain < 1.0 - self.MARGIN:  # a probe lost
+        elif self.streak == self.rounds and self.measured and not self.won:  # a probe found drafting still slower
             self.probe = min(2 * self.probe, self.MAX_PROBE)
 
     @property

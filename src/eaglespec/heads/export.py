@@ -48,7 +48,7 @@ FORMATS = {
     "vllm": "vLLM (`--speculative-config` method eagle or eagle3)",
     "sglang": "SGLang (`--speculative-algorithm EAGLE` or `EAGLE3`)",
     "speculators": "the speculators config form, read by vLLM (EAGLE-3 heads)",
-    "llama.cpp": "llama.cpp (`--spec-type draft-eagle3`; EAGLE-3 heads of Llama and Qwen3 targets)",
+    "llama.cpp": "llama.cpp (`--spec-type draft-eagle3`; EAGLE-3 heads of Llama, Mistral, Mixtral, Qwen3 and Qwen3-MoE targets)",
 }
 TYPES = {"official": ("eagle1",), "vllm": ("eagle1", "eagle3"), "sglang": ("eagle1", "eagle3"),
          "speculators": ("eagle3",), "llama.cpp": ("eagle3",)}

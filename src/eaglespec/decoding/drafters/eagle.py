@@ -102,7 +102,7 @@ class EagleProposer(Proposer):
 
     def skip(self) -> None:
         """No draft this round: the entries wait, and `auto` counts a plain round."""
-        self.caught_up = (0.0, 0.0)
+        self.caught_up = (0.0, 0.0, 0)
         self.auto.start_round(self.clock.now(), plain=True)
 
     def candidates(self, max_depth: int, budget: Budget = ALONE
@@ -110,7 +110,7 @@ class EagleProposer(Proposer):
         """The dynamic tree's candidate pool (parents first) and each node's cumulative draft
         log-probability, no deeper than `max_depth`; none where `auto` decodes this round plainly."""
         if self.auto:
-            self.caught_up = (0.0, 0.0)
+            self.caught_up = (0.0, 0.0, 0)
             self.auto.start_round(self.clock.now(), budget)
             if not self.auto.drafting:  # plain decoding pays better here: the entries wait
                 return DraftTree(), []
@@ -133,7 +133,7 @@ class EagleProposer(Proposer):
         out, logits = yield HeadCall(self.entries, self.head.lift(features), tokens, positions, None, True)
         if self.auto:  # the head's pass over the entries of plain rounds and of the prompt
             per_entry = (self.clock.now() - started) / len(tokens)
-            self.caught_up = (per_entry * self.waited, per_entry * self.prompt_waiting)
+            self.caught_up = (per_entry * self.waited, per_entry * self.prompt_waiting, self.waited)
             self.auto.catch_up(*self.caught_up)
         self.pending, self.waited, self.prompt_waiting = [], 0, 0
         self.committed = self.entries.length
