@@ -73,11 +73,10 @@ def best_prefix(expected: list[float], costs: RoundCosts, spent: float, plain: b
 
 def waited_share(window: float, rounds: int) -> float:
     """The part of a head's pass over the entries of `rounds` rounds without a draft (one entry a
-    round and row) that the plain
-    rounds' decayed sums take, as their `window` (the rounds they weigh, as tokens per round) holds
-    only the latest of those rounds: each round carries its own entries' share, so that one pass
-    after a long wait does not weigh as if the few rounds in the window had cost it all (it made
-    drafting look 20% faster than it was at 8 rows after a wait of 88 rounds)."""
+    round and row) that the plain rounds' decayed sums take: they weigh only the latest `window`
+    rounds, so each waited round carries its own entry's share, and one pass after a long wait does
+    not weigh as if the few rounds in the window had cost it all (in a log at 8 rows, a 65 ms pass
+    after 88 plain rounds had been charged to sums worth about 330 ms)."""
     return min(1.0, window / rounds) if rounds > 0 else 1.0
 
 
@@ -272,13 +271,13 @@ class BatchRates:
     over the rounds of its kind. Rounds draft while drafting ones give more tokens per plain round's
     worth of seconds than plain ones, and a run of them that has given more stops only once they give
     less than 1 - MARGIN of them (the tokens of a few rounds vary: at 2 rows, where drafting gained
-    1.2x, dips of its measured gain below 1 turned it off); after PROBE - 1 plain rounds drafting starts again to measure
-    anew, for as many rounds as make PROBE_ROWS rows' rounds (one row's tokens vary too much to judge
+    1.2x, dips of its measured gain below 1 turned it off); after PROBE - 1 plain rounds drafting
+    starts again to measure anew, for as many rounds as make PROBE_ROWS rows' rounds (one row's tokens vary too much to judge
     by, a batch's less), and each such probe that loses to measured plain rounds doubles the wait,
     up to MAX_PROBE rounds (a probe drafts in every row: at 8 rows it cost 2x a plain round). The
     heads' pass over the entries that waited through plain rounds counts as those rounds' time, as in
-    `AutoSize` (`waited_share`). The plain rounds' seconds start as the measured forward of one token per row, an
-    estimate that leaves out the round's other work, so it weighs as a tenth of a round and the first
+    `AutoSize` (`waited_share`). The plain rounds' seconds start as the measured forward of one token
+    per row, an estimate that leaves out the round's other work, so it weighs as a tenth of a round and the first
     measured plain round outweighs it (and re-weighs the drafting rounds before it); an `earlier`
     state (the nearest batch size's) carries over."""
 
