@@ -275,7 +275,7 @@ def auto_drafts_every_round(monkeypatch):
 
     monkeypatch.setattr(AutoSize, "start_round", drafting)
     monkeypatch.setattr(BatchChoice, "start_round", lambda self, rows: True)
-    monkeypatch.setattr(BatchChoice, "finish_round", lambda self, tokens, seconds, waited: None)
+    monkeypatch.setattr(BatchChoice, "finish_round", lambda self, tokens, seconds, waited=0.0, entries=0: None)
     monkeypatch.setattr(ChainSize, "size", in_turn)
     monkeypatch.setattr(hybrid, "best_prefix", nodes_in_turn)
     monkeypatch.setattr(medusa, "best_prefix", nodes_in_turn)
