@@ -53,7 +53,7 @@ def model_option(what: str = "The target", required: bool = False):
 weights_option = click.option(
     "--weights", type=click.Choice(["dense", "int8", "int4"]), default="dense", show_default=True,
     help="Target weight format: dense (--dtype), or int8 / int4 weight-only quantized matrices, kept quantized "
-         "in memory (our kernels on CPUs with AVX-512, else torch's; int4 keeps a Q4_1 GGUF's own 4-bit weights).")
+         "in memory (our kernels on CPUs with AVX-512 or AVX2, else torch's; int4 keeps a Q4_1 GGUF's own 4-bit weights).")
 
 
 @click.group(cls=Group)
