@@ -11,7 +11,7 @@
 #   src/eaglespec/heads/shipped/eagle3/ (benchmarks/recipes/train_eagle3.sh; vLLM runs those too): it drafts
 #   with no other head type, on targets whose graph hands the draft its layers' inputs (not Qwen2's);
 #   and the tests marked llamacpp (EAGLE-3 heads of tiny Qwen3 and Llama-3 targets in llama-server).
-#     bash scripts/test-interop.sh [MODEL ...]     (default: smollm2-135m-instruct qwen2.5-coder-0.5b-instruct)
+#     bash scripts/test-interop.sh [MODEL ...]     (default: every model with a shipped head)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/setup.sh >/dev/null
@@ -31,7 +31,7 @@ fi
 bash scripts/setup_llamacpp.sh >/dev/null
 .venv/bin/python -m pytest -q -m llamacpp tests
 models=("$@")
-[ ${#models[@]} -gt 0 ] || models=(smollm2-135m-instruct qwen2.5-coder-0.5b-instruct)
+[ ${#models[@]} -gt 0 ] || models=(smollm2-135m-instruct qwen2.5-coder-0.5b-instruct gemma-3-270m)
 for model in "${models[@]}"; do
     .venv/bin/python benchmarks/experiments/interop.py "$model" --engine vllm
     dir=$(.venv/bin/python -c "from eaglespec.models.load import resolve; print(resolve('$model'))")

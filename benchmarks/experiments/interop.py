@@ -69,13 +69,14 @@ def main() -> None:
 
     import eaglespec
     from eaglespec.bench.datasets import load_items
-    from eaglespec.decoding.generate import prompt_ids
+    from eaglespec.decoding.generate import chat_ids
     from eaglespec.heads.checkpoint import head_type_of, read_head, resolve_head
     from eaglespec.heads.export import export_head
     from eaglespec.models.load import load_target, resolve
 
     target = load_target(args.model, "float32")
-    prompts = [prompt_ids(target, item.turns[0], chat=True) for item in load_items("mt-bench", args.prompts)]
+    prompts = [chat_ids(target, [{"role": "user", "content": item.turns[0]}], paragraphs=True)  # as the bench renders
+               for item in load_items("mt-bench", args.prompts)]
     runs = {}
     with tempfile.TemporaryDirectory() as tmp:
         head_dir = Path(tmp) / "head"
