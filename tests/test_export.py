@@ -16,7 +16,7 @@ from eaglespec.cli import main
 from eaglespec.errors import InvalidArgumentError
 from eaglespec.heads.checkpoint import HeadMismatchError, load_head, save_head
 from eaglespec.heads.export import export_head
-from eaglespec.heads.head import Eagle3Head, EagleHead
+from eaglespec.heads.head import Eagle3Head, EagleHead, MedusaHead
 from eaglespec.models.load import load_target
 from eaglespec.training.evaluate import chain_predictions
 
@@ -41,7 +41,7 @@ def saved_head(target, kind, folder):
     """A random head (every tensor, biases included, nonzero) over a 512-token draft vocabulary, saved."""
     torch.manual_seed(2)
     c = target.model.config
-    head = EagleHead(c) if kind == "eagle1" else Eagle3Head(c, AUX, 512)
+    head = {"eagle1": lambda: EagleHead(c), "eagle3": lambda: Eagle3Head(c, AUX, 512), "medusa": lambda: MedusaHead(c)}[kind]()
     with torch.no_grad():
         for p in head.parameters():
             p.normal_(0, 0.2)
@@ -62,7 +62,8 @@ def draft_outputs(head, target):
 
 CASES = [("llama", "eagle1", "official"), ("llama", "eagle1", "vllm"), ("llama", "eagle1", "sglang"),
          ("qwen2", "eagle1", "vllm"), ("qwen2", "eagle1", "sglang"),
-         ("llama", "eagle3", "vllm"), ("qwen2", "eagle3", "sglang"), ("llama", "eagle3", "speculators")]
+         ("llama", "eagle3", "vllm"), ("qwen2", "eagle3", "sglang"), ("llama", "eagle3", "speculators"),
+         ("llama", "medusa", "vllm")]
 
 
 @pytest.mark.parametrize("family,kind,fmt", CASES, ids=["-".join(c) for c in CASES])
@@ -95,6 +96,15 @@ def test_an_export_imports_back_to_the_same_draft_logits(targets, tmp_path, fami
         assert config["architectures"] == [{"llama": "LlamaForCausalLMEagle", "qwen2": "Qwen2ForCausalLMEagle"}[family]]
         assert torch.equal(torch.load(tmp_path / "out" / "token_map.pt"), head.draft_vocab)
         assert torch.equal(back.draft_vocab, head.draft_vocab)
+    if kind == "medusa":  # vLLM's MedusaModel: the target's LM head for all heads, over the whole vocabulary
+        assert config["model_type"] == "medusa" and config["original_lm_head"] and config["medusa_fc_bias"]
+        assert not [k for k in config if "num" in k and k != "medusa_num_heads" and "heads" in k]  # (read as the count)
+        assert back.draft_vocab is None and "token_map" not in names
+        tensors = load_file(str(tmp_path / "out" / "model.safetensors"))
+        tensors["lm_head.weight"] = tensors["lm_head.weight"] + 1  # an LM head of its own is refused
+        save_file(tensors, str(tmp_path / "out" / "model.safetensors"))
+        with pytest.raises(HeadMismatchError, match="an LM head of its own"):
+            load_head(str(tmp_path / "out"), target)
     if kind == "eagle3":
         aux = config["transformer_layer_config"] if fmt == "speculators" else config["eagle_config"]
         assert aux["eagle_aux_hidden_state_layer_ids"] == list(AUX)
@@ -112,7 +122,7 @@ def test_what_a_format_cannot_carry_is_refused(targets, tmp_path, random_medusa,
         ("l1", llama, "speculators", "use --format official or vllm or sglang"),
         ("l3", llama, "official", "use --format vllm or sglang or speculators"),
         ("q1", qwen2, "official", "this qwen2 head has them: use --format sglang or vllm"),
-        ("medusa", smollm2, "vllm", "no engine format carries eaglespec's Medusa heads"),
+        ("medusa", smollm2, "sglang", "the sglang format cannot carry medusa heads: use --format vllm"),
         ("l1", llama, "tensorrt", "unknown export format 'tensorrt'"),
         # llama.cpp drafts with EAGLE-3 heads alone, on targets whose graph gives the layers' inputs
         ("l1", llama, "llama.cpp", "EAGLE-3 heads only and this head is eagle1"),

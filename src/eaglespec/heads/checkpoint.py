@@ -11,7 +11,9 @@ engines load.
 - Medusa (`MedusaModel`, the Medusa release's keys): {k}.0.linear.weight and .bias per head k,
   `medusa_num_heads` and `medusa_num_layers` (1) in config.json, plus `draft_vocab` when the
   vocabulary is reduced. The Medusa release also stores each head's own LM head ({k}.1.weight);
-  ours share the target's frozen one, so a file with them is refused.
+  ours share the target's frozen one, so a file with them is refused. vLLM's layout
+  (blocks.{k}.layers.0.*, one `lm_head`, a `token_map` where the vocabulary is reduced) reads as
+  ours where that LM head is the target's.
 """
 
 from __future__ import annotations
@@ -196,6 +198,10 @@ def read_head(folder: Path) -> tuple[dict, dict[str, torch.Tensor]]:
     for key in [k for k in tensors if k.endswith("self_attn.o_proj.bias")]:
         if not bool(tensors[key].any()):  # zeros that an engine's config needed, no function
             tensors.pop(key)
+    if kind == "medusa" and "token_map" in tensors:  # vLLM's draft vocabulary
+        tensors["draft_vocab"] = tensors.pop("token_map")
+    if kind == "medusa":  # vLLM's blocks.K.layers.0.* -> ours, K.0.linear.*
+        tensors = {re.sub(r"^blocks\.(\d+)\.layers\.(\d+)\.", r"\1.\2.linear.", k): v for k, v in tensors.items()}
     if kind == "eagle1" and "draft_vocab" not in tensors and (folder / TOKEN_MAP).is_file():
         tensors["draft_vocab"] = torch.load(folder / TOKEN_MAP, map_location="cpu", weights_only=True)
     return config, tensors
@@ -235,6 +241,13 @@ def load_head(spec: str, target: Target, kind: str = "eagle") -> DraftHead:
                                     "(train one with `eaglespec train --head-type medusa`)")
         head = MedusaHead(c, int(config["medusa_num_heads"]))
         draft_vocab = tensors.pop("draft_vocab", None)
+        lm_head = tensors.pop("lm_head.weight", None)  # vLLM's copy of the LM head the heads share
+        if lm_head is not None:
+            rows = target.model.lm_head.weight.detach().cpu()
+            rows = rows if draft_vocab is None else rows[draft_vocab.long()]
+            if lm_head.shape != rows.shape or not torch.allclose(lm_head.float(), rows.float(), 1e-2, 1e-3):
+                raise HeadMismatchError(f"the Medusa head at {folder} has an LM head of its own; eaglespec's Medusa "
+                                        "heads share the target's (train one with `eaglespec train --head-type medusa`)")
         tensors = {f"heads.{k.replace('.0.linear.', '.linear.')}": v.to(dtype) for k, v in tensors.items()}
     else:
         head = EagleHead(c, config.get("num_hidden_layers", 1), ours.get("input_variant", "feature+shifted-token"))

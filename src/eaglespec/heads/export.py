@@ -21,8 +21,11 @@ Formats (what each engine's loader reads; see the README's serving section for t
   heads only, for targets whose graph gives their layers' inputs: `EAGLE3_TARGETS`), made by llama.cpp's own converter from
   the vLLM layout (`bash scripts/setup_llamacpp.sh --source` fetches it; without --source it also
   builds the programs that serve it); `load_head` reads it back (`gguf_head.py`).
-Medusa heads are not exported: the engines' Medusa layouts carry an LM head per head, ours share
-the target's. A head's layer is Llama's for every target family (`ModelConfig.for_head`), with the
+  Medusa: `MedusaModel`, a residual block per head (`blocks.K.layers.0.*`, `medusa_fc_bias`) and one
+  LM head for all (`original_lm_head`): the target's. vLLM's Medusa drafts a chain of each head's
+  top token, over the whole vocabulary: its loader (0.32) refuses a file with its `token_map`
+  (it does not count the tensor as loaded), so a reduced draft vocabulary is dropped, as for EAGLE-1.
+A head's layer is Llama's for every target family (`ModelConfig.for_head`), with the
 target's RoPE: a scaled one (Llama-3.x's `llama3`) goes into the config as `rope_parameters` and
 `rope_scaling`, as SpecForge's and the engines' Llama-3 heads carry it.
 """
@@ -45,12 +48,12 @@ from eaglespec.models.load import Target
 
 FORMATS = {
     "official": "the official EAGLE-1/2 release (SafeAILab's eagle-llm runtime)",
-    "vllm": "vLLM (`--speculative-config` method eagle or eagle3)",
+    "vllm": "vLLM (`--speculative-config` method eagle, eagle3 or medusa)",
     "sglang": "SGLang (`--speculative-algorithm EAGLE` or `EAGLE3`)",
     "speculators": "the speculators config form, read by vLLM (EAGLE-3 heads)",
     "llama.cpp": "llama.cpp (`--spec-type draft-eagle3`; EAGLE-3 heads of Llama, Mistral, Mixtral, Qwen3 and Qwen3-MoE targets)",
 }
-TYPES = {"official": ("eagle1",), "vllm": ("eagle1", "eagle3"), "sglang": ("eagle1", "eagle3"),
+TYPES = {"official": ("eagle1",), "vllm": ("eagle1", "eagle3", "medusa"), "sglang": ("eagle1", "eagle3"),
          "speculators": ("eagle3",), "llama.cpp": ("eagle3",)}
 LLAMA_CPP_FILE = gguf_head.FILE
 
@@ -132,6 +135,11 @@ def _speculators_config(config: dict, target: Target) -> dict:
 def expected_shapes(fmt: str, kind: str, config: dict) -> dict[str, tuple[int, ...]]:
     """The tensors (name -> shape) that the format's loader reads for a head with this config: the
     list every export is checked against before anything is written."""
+    if kind == "medusa":  # vLLM's
+        h = config["hidden_size"]
+        shapes = {f"blocks.{k}.layers.0.{p}": (h, h) if p == "weight" else (h,)
+                  for k in range(config["medusa_num_heads"]) for p in ("weight", "bias")}
+        return shapes | {"lm_head.weight": (config["vocab_size"], h)}
     h, inter = config["hidden_size"], config["intermediate_size"]
     q, kv = config["num_attention_heads"] * config["head_dim"], config["num_key_value_heads"] * config["head_dim"]
     biased = config.get("attention_bias", False) or config.get("qkv_bias", False) or config.get("model_type") == "qwen2"
@@ -176,6 +184,22 @@ def _validate(fmt: str, kind: str, config: dict, tensors: dict[str, torch.Tensor
                                    f"extra {extra[:4]}, misshaped {misshaped[:4]} (a bug: please report it)")
 
 
+def _medusa_vllm(head, target: Target) -> tuple[dict, dict[str, torch.Tensor]]:
+    """vLLM's Medusa layout of a Medusa head (config, tensors), validated. Its config has no other
+    key with "num" in its name: vLLM's MedusaConfig takes any such key naming heads as the count."""
+    config, ours = head_layout(head, target.name)
+    heads = len(head.heads)
+    tensors = {f"blocks.{k}.layers.0.{p}": ours[f"{k}.0.linear.{p}"] for k in range(heads) for p in ("weight", "bias")}
+    lm = target.model.lm_head.weight.detach().to("cpu", tensors["blocks.0.layers.0.weight"].dtype)
+    tensors["lm_head.weight"] = lm.contiguous()
+    config = {"architectures": ["MedusaModel"], "model_type": "medusa", "hidden_size": config["hidden_size"],
+              "vocab_size": config["vocab_size"], "medusa_num_heads": heads, "medusa_num_layers": 1,
+              "medusa_fc_bias": True, "original_lm_head": True, "truncated_vocab_size": config["vocab_size"],
+              "torch_dtype": config["torch_dtype"], "eaglespec": config["eaglespec"] | {"export": "vllm"}}
+    _validate("vllm", "medusa", config, tensors)
+    return config, tensors
+
+
 def engine_files(head, target: Target, fmt: str) -> tuple[dict, dict[str, torch.Tensor], torch.Tensor | None]:
     """(config.json, tensors, token map or None) of a loaded head in a format, validated."""
     check_format(fmt)
@@ -184,7 +208,9 @@ def engine_files(head, target: Target, fmt: str) -> tuple[dict, dict[str, torch.
         fits = [f for f, kinds in TYPES.items() if kind in kinds]
         raise InvalidArgumentError(f"the {fmt} format cannot carry {kind} heads: "
                                    + (f"use --format {' or '.join(fits)}" if fits else
-                                      "no engine format carries eaglespec's Medusa heads (theirs have an LM head per head)"))
+                                      "no engine format carries it"))
+    if kind == "medusa":
+        return (*_medusa_vllm(head, target), None)
     if head.input_variant != "feature+shifted-token":
         raise InvalidArgumentError(f"the engines' heads read the feature and the next token; this head reads "
                                    f"'{head.input_variant}' (an ablation's variant) and runs only in eaglespec")
@@ -283,7 +309,7 @@ def serve_command(fmt: str, kind: str, target: Target, out: Path, token_map: boo
                      f"rope_theta is {theta:g}, so set that base first (scripts/interop/eagle_llm_engine.py shows how)")
         return line
     if fmt in ("vllm", "speculators"):
-        method = "eagle3" if kind == "eagle3" else "eagle"
+        method = {"eagle1": "eagle"}.get(kind, kind)  # (a Medusa head drafts with its first 3 heads)
         spec = json.dumps({"method": method, "model": str(out), "num_speculative_tokens": 3})
         return f"serve: vllm serve {model} --speculative-config '{spec}'"
     algorithm = "EAGLE3" if kind == "eagle3" else "EAGLE"
