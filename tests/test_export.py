@@ -56,7 +56,7 @@ def draft_outputs(head, target):
     h = target.model.config.hidden_size
     sample = {"tokens": torch.randint(0, target.model.config.vocab_size, (12,)), "features": torch.randn(12, h),
               "aux_features": torch.randn(12, 3 * h)}
-    steps = chain_predictions(head, sample, depth=2, dtype=torch.float32)
+    steps = chain_predictions(head, sample, depth=3 if isinstance(head, MedusaHead) else 2, dtype=torch.float32)
     return steps, [head.logits(step) for step in steps]
 
 
@@ -96,11 +96,13 @@ def test_an_export_imports_back_to_the_same_draft_logits(targets, tmp_path, fami
         assert config["architectures"] == [{"llama": "LlamaForCausalLMEagle", "qwen2": "Qwen2ForCausalLMEagle"}[family]]
         assert torch.equal(torch.load(tmp_path / "out" / "token_map.pt"), head.draft_vocab)
         assert torch.equal(back.draft_vocab, head.draft_vocab)
-    if kind == "medusa":  # vLLM's MedusaModel: the target's LM head for all heads, over the whole vocabulary
+    if kind == "medusa":  # vLLM's MedusaModel: the target's LM head for all heads, zeroed outside the draft vocabulary
         assert config["model_type"] == "medusa" and config["original_lm_head"] and config["medusa_fc_bias"]
         assert not [k for k in config if "num" in k and k != "medusa_num_heads" and "heads" in k]  # (read as the count)
-        assert back.draft_vocab is None and "token_map" not in names
+        assert names == {f"blocks.{k}.layers.0.{p}" for k in range(4) for p in ("weight", "bias")} | {"lm_head.weight"}
         tensors = load_file(str(tmp_path / "out" / "model.safetensors"))
+        kept = tensors["lm_head.weight"].any(1).nonzero().flatten()
+        assert torch.equal(kept, head.draft_vocab) and torch.equal(back.draft_vocab, head.draft_vocab)
         tensors["lm_head.weight"] = tensors["lm_head.weight"] + 1  # an LM head of its own is refused
         save_file(tensors, str(tmp_path / "out" / "model.safetensors"))
         with pytest.raises(HeadMismatchError, match="an LM head of its own"):

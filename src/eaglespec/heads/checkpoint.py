@@ -12,8 +12,8 @@ engines load.
   `medusa_num_heads` and `medusa_num_layers` (1) in config.json, plus `draft_vocab` when the
   vocabulary is reduced. The Medusa release also stores each head's own LM head ({k}.1.weight);
   ours share the target's frozen one, so a file with them is refused. vLLM's layout
-  (blocks.{k}.layers.0.*, one `lm_head`, a `token_map` where the vocabulary is reduced) reads as
-  ours where that LM head is the target's.
+  (blocks.{k}.layers.0.*, one `lm_head`, a `token_map` or zeroed rows where the vocabulary is
+  reduced) reads as ours where that LM head is the target's.
 """
 
 from __future__ import annotations
@@ -207,6 +207,24 @@ def read_head(folder: Path) -> tuple[dict, dict[str, torch.Tensor]]:
     return config, tensors
 
 
+def _medusa_draft_vocab(lm_head: torch.Tensor, target: Target, draft_vocab: torch.Tensor | None,
+                        folder: Path) -> torch.Tensor | None:
+    """The draft vocabulary of a vLLM Medusa file: its token map, or the rows our export kept of the
+    target's LM head (the others zeroed), refusing an LM head other than the target's (within 5%:
+    an int8 target's own rows differ by about 1%)."""
+    rows, theirs = target.model.lm_head.weight.detach().cpu().float(), lm_head.float()
+    if draft_vocab is None and theirs.shape == rows.shape:
+        zeroed = (theirs == 0).all(1) & (rows != 0).any(1)
+        draft_vocab = (~zeroed).nonzero().flatten() if zeroed.any() else None
+    if draft_vocab is not None:
+        rows = rows[draft_vocab.long()]
+        theirs = theirs[draft_vocab.long()] if len(theirs) > len(rows) else theirs  # (as vLLM slices a full one)
+    if theirs.shape != rows.shape or (theirs - rows).norm() > 0.05 * rows.norm():
+        raise HeadMismatchError(f"the Medusa head at {folder} has an LM head of its own; eaglespec's Medusa heads "
+                                "share the target's (train one with `eaglespec train --head-type medusa`)")
+    return draft_vocab
+
+
 def load_head(spec: str, target: Target, kind: str = "eagle") -> DraftHead:
     """Load a head for `target` for inference (frozen; packed weights where exact, int8 ones beside
     a quantized target), refusing one trained for another model. `kind` says where "default" looks."""
@@ -241,13 +259,8 @@ def load_head(spec: str, target: Target, kind: str = "eagle") -> DraftHead:
                                     "(train one with `eaglespec train --head-type medusa`)")
         head = MedusaHead(c, int(config["medusa_num_heads"]))
         draft_vocab = tensors.pop("draft_vocab", None)
-        lm_head = tensors.pop("lm_head.weight", None)  # vLLM's copy of the LM head the heads share
-        if lm_head is not None:
-            rows = target.model.lm_head.weight.detach().cpu()
-            rows = rows if draft_vocab is None else rows[draft_vocab.long()]
-            if lm_head.shape != rows.shape or not torch.allclose(lm_head.float(), rows.float(), 1e-2, 1e-3):
-                raise HeadMismatchError(f"the Medusa head at {folder} has an LM head of its own; eaglespec's Medusa "
-                                        "heads share the target's (train one with `eaglespec train --head-type medusa`)")
+        if "lm_head.weight" in tensors:  # vLLM's copy of the LM head the heads share
+            draft_vocab = _medusa_draft_vocab(tensors.pop("lm_head.weight"), target, draft_vocab, folder)
         tensors = {f"heads.{k.replace('.0.linear.', '.linear.')}": v.to(dtype) for k, v in tensors.items()}
     else:
         head = EagleHead(c, config.get("num_hidden_layers", 1), ours.get("input_variant", "feature+shifted-token"))

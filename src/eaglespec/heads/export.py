@@ -23,8 +23,10 @@ Formats (what each engine's loader reads; see the README's serving section for t
   builds the programs that serve it); `load_head` reads it back (`gguf_head.py`).
   Medusa: `MedusaModel`, a residual block per head (`blocks.K.layers.0.*`, `medusa_fc_bias`) and one
   LM head for all (`original_lm_head`): the target's. vLLM's Medusa drafts a chain of each head's
-  top token, over the whole vocabulary: its loader (0.32) refuses a file with its `token_map`
-  (it does not count the tensor as loaded), so a reduced draft vocabulary is dropped, as for EAGLE-1.
+  top token. Its loader (0.32) refuses a file with its `token_map` (it does not count the tensor as
+  loaded), so a reduced draft vocabulary is kept by zeroing the LM head's other rows: their logit
+  is 0, below the head's top token's wherever that one is positive (a head trained on the draft
+  vocabulary alone says nothing about the rest).
 A head's layer is Llama's for every target family (`ModelConfig.for_head`), with the
 target's RoPE: a scaled one (Llama-3.x's `llama3`) goes into the config as `rope_parameters` and
 `rope_scaling`, as SpecForge's and the engines' Llama-3 heads carry it.
@@ -191,6 +193,10 @@ def _medusa_vllm(head, target: Target) -> tuple[dict, dict[str, torch.Tensor]]:
     heads = len(head.heads)
     tensors = {f"blocks.{k}.layers.0.{p}": ours[f"{k}.0.linear.{p}"] for k in range(heads) for p in ("weight", "bias")}
     lm = target.model.lm_head.weight.detach().to("cpu", tensors["blocks.0.layers.0.weight"].dtype)
+    if head.draft_vocab is not None:  # (vLLM's loader refuses its own token_map)
+        kept = torch.zeros(len(lm), 1, dtype=lm.dtype)
+        kept[head.draft_vocab.cpu()] = 1
+        lm = lm * kept
     tensors["lm_head.weight"] = lm.contiguous()
     config = {"architectures": ["MedusaModel"], "model_type": "medusa", "hidden_size": config["hidden_size"],
               "vocab_size": config["vocab_size"], "medusa_num_heads": heads, "medusa_num_layers": 1,
@@ -206,9 +212,7 @@ def engine_files(head, target: Target, fmt: str) -> tuple[dict, dict[str, torch.
     kind = head.head_type
     if kind not in TYPES[fmt]:
         fits = [f for f, kinds in TYPES.items() if kind in kinds]
-        raise InvalidArgumentError(f"the {fmt} format cannot carry {kind} heads: "
-                                   + (f"use --format {' or '.join(fits)}" if fits else
-                                      "no engine format carries it"))
+        raise InvalidArgumentError(f"the {fmt} format cannot carry {kind} heads: use --format {' or '.join(fits)}")
     if kind == "medusa":
         return (*_medusa_vllm(head, target), None)
     if head.input_variant != "feature+shifted-token":
@@ -269,7 +273,7 @@ def export_head(head_spec: str, target: Target, fmt: str, out: Path, force: bool
             shutil.rmtree(layout)
 
         write_folder(Path(out), fill)
-        return [f"wrote {FORMATS[fmt]} head to {out / LLAMA_CPP_FILE}", serve_command(fmt, "eagle3", target, Path(out), False)]
+        return [f"wrote {FORMATS[fmt]} head to {out / LLAMA_CPP_FILE}", serve_command(fmt, "eagle3", target, Path(out))]
     config, tensors, token_map = engine_files(head, target, fmt)
 
     def fill(tmp: Path) -> None:
@@ -283,11 +287,12 @@ def export_head(head_spec: str, target: Target, fmt: str, out: Path, force: bool
             torch.save(token_map.cpu().to(torch.int64), tmp / TOKEN_MAP)
 
     write_folder(Path(out), fill)
-    return [f"wrote {FORMATS[fmt]} {head.head_type} head to {out}", serve_command(fmt, head.head_type, target, Path(out),
-                                                                                  token_map is not None)]
+    drafts = min(3, len(head.heads)) if head.head_type == "medusa" else 3  # (vLLM's Medusa drafts one token a head)
+    return [f"wrote {FORMATS[fmt]} {head.head_type} head to {out}",
+            serve_command(fmt, head.head_type, target, Path(out), token_map is not None, drafts)]
 
 
-def serve_command(fmt: str, kind: str, target: Target, out: Path, token_map: bool) -> str:
+def serve_command(fmt: str, kind: str, target: Target, out: Path, token_map: bool = False, drafts: int = 3) -> str:
     """The command (or code) that serves `target` with the exported head."""
     model = target.folder
     if fmt == "llama.cpp":
@@ -309,8 +314,8 @@ def serve_command(fmt: str, kind: str, target: Target, out: Path, token_map: boo
                      f"rope_theta is {theta:g}, so set that base first (scripts/interop/eagle_llm_engine.py shows how)")
         return line
     if fmt in ("vllm", "speculators"):
-        method = {"eagle1": "eagle"}.get(kind, kind)  # (a Medusa head drafts with its first 3 heads)
-        spec = json.dumps({"method": method, "model": str(out), "num_speculative_tokens": 3})
+        method = {"eagle1": "eagle"}.get(kind, kind)
+        spec = json.dumps({"method": method, "model": str(out), "num_speculative_tokens": drafts})
         return f"serve: vllm serve {model} --speculative-config '{spec}'"
     algorithm = "EAGLE3" if kind == "eagle3" else "EAGLE"
     extra = f" --speculative-token-map {out / TOKEN_MAP}" if token_map else ""
