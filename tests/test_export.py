@@ -171,3 +171,11 @@ def test_the_export_command(tmp_path):
     assert (out / "token_map.pt").is_file()
     result = CliRunner().invoke(main, ["export", "--format", "sglang", "--out", str(out)])
     assert result.exit_code == 1 and "not empty" in result.output
+    # the shipped Medusa head goes to vLLM alone
+    medusa = tmp_path / "medusa-head"
+    result = CliRunner().invoke(main, ["export", "--medusa-head", "default", "--format", "vllm", "--out", str(medusa)])
+    assert result.exit_code == 0, result.output
+    assert '"method": "medusa"' in result.output and json.loads((medusa / "config.json").read_text())["model_type"] == "medusa"
+    for args, message in [(["--format", "sglang"], "use --format vllm"), (["--format", "vllm", "--head", "x"], "not both")]:
+        result = CliRunner().invoke(main, ["export", "--medusa-head", "default", *args, "--out", str(tmp_path / "no")])
+        assert result.exit_code == 1 and message in result.output and not (tmp_path / "no").exists()

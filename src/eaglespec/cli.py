@@ -459,22 +459,30 @@ def eval_head(model_spec, head_spec, limit, data, answer_tokens, depth, dtype, t
 @model_option("The head's target")
 @click.option("--head", "head_spec", default="default", show_default=True,
               help="Head folder (ours, or an engine's layout) or 'default' for the one we ship for the model.")
+@click.option("--medusa-head", "medusa_spec", default=None,
+              help="Export this Medusa head instead (vllm): a folder, or 'default' for the one we ship for the model.")
 @click.option("--format", "fmt", required=True,
               help="official (SafeAILab's EAGLE-1/2 release) | vllm (EAGLE-1, EAGLE-3 and Medusa heads) | sglang | "
                    "speculators (EAGLE-3 heads) | "
                    "llama.cpp (EAGLE-3 heads, a GGUF by llama.cpp's converter: scripts/setup_llamacpp.sh).")
 @click.option("--out", required=True, help="Folder to write (refused if it exists and is not empty).")
 @click.option("--force", is_flag=True, help="Replace --out if it exists.")
-def export(model_spec: str, head_spec: str, fmt: str, out: str, force: bool) -> None:
+def export(model_spec: str, head_spec: str, medusa_spec: str | None, fmt: str, out: str, force: bool) -> None:
     """Write a head in the layout a serving engine loads (vLLM, SGLang, llama.cpp, the official EAGLE runtime)."""
     from pathlib import Path
 
+    from eaglespec.heads.checkpoint import resolve_head
     from eaglespec.heads.export import check_format, check_out, export_head
     from eaglespec.models.load import load_target
 
     check_format(fmt)  # bad input fails before the model loads
     check_out(Path(out), force)
-    for line in export_head(head_spec, load_target(model_spec, "float32"), fmt, Path(out), force):
+    if medusa_spec is not None and head_spec != "default":
+        raise InvalidArgumentError("give --head or --medusa-head, not both")
+    target = load_target(model_spec, "float32")
+    if medusa_spec is not None:
+        head_spec = str(resolve_head(medusa_spec, target.name, "medusa"))
+    for line in export_head(head_spec, target, fmt, Path(out), force):
         click.echo(line)
 
 
