@@ -107,6 +107,11 @@ def test_an_export_imports_back_to_the_same_draft_logits(targets, tmp_path, fami
         save_file(tensors, str(tmp_path / "out" / "model.safetensors"))
         with pytest.raises(HeadMismatchError, match="an LM head of its own"):
             load_head(str(tmp_path / "out"), target)
+        # vLLM's own form of a reduced vocabulary: the whole LM head and a token map
+        tensors |= {"lm_head.weight": target.model.lm_head.weight.detach().to(tensors["lm_head.weight"].dtype),
+                    "token_map": head.draft_vocab}
+        save_file(tensors, str(tmp_path / "out" / "model.safetensors"))
+        assert torch.equal(load_head(str(tmp_path / "out"), target).draft_vocab, head.draft_vocab)
     if kind == "eagle3":
         aux = config["transformer_layer_config"] if fmt == "speculators" else config["eagle_config"]
         assert aux["eagle_aux_hidden_state_layer_ids"] == list(AUX)
