@@ -76,6 +76,9 @@ def truncated(folder):
     (["--top-p", "0"], "top-p must be in (0, 1]"),
     (["--top-p", "1.5"], "top-p must be in (0, 1]"),
     (["--max-new-tokens", "0"], "max_new_tokens must be >= 1"),
+    (["--device", "gpu"], "unknown device 'gpu': use cpu, cuda or cuda:N"),
+    pytest.param(["--device", "cuda"], "no CUDA device here", marks=pytest.mark.skipif(
+        torch.cuda.is_available(), reason="this machine has a CUDA device")),
     pytest.param(["--prompt", "word " * 9000], "shorten the prompt", marks=pytest.mark.slow),  # needs the tokenizer
 ])
 def test_bad_input_is_one_line_error(args, message):

@@ -271,6 +271,9 @@ def test_cli(tmp_path):
     bad = subprocess.run([sys.executable, "-m", "eaglespec.cli", "serve", "--max-batch", "0"], capture_output=True,
                          text=True)
     assert bad.returncode == 1 and bad.stderr.strip().splitlines()[-1] == "error: --max-batch must be >= 1, got 0"
+    bad = subprocess.run([sys.executable, "-m", "eaglespec.cli", "serve", "--port", "99999"], capture_output=True,
+                         text=True)
+    assert bad.returncode == 2 and "Invalid value for '--port'" in bad.stderr.strip().splitlines()[-1]
     with cli_server("--max-batch", "2") as url:
         answer = client(url).completions.create(model=NAME, prompt="The capital of France is", max_tokens=8,
                                                 temperature=0)

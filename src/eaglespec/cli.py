@@ -588,7 +588,7 @@ def suite(suite_file, out, only, list_only) -> None:
               help="How requests that name none decode ({methods}); a request may name another in its `method` "
                    "field. Default: eagle where a head is loaded.")
 @click.option("--host", default="127.0.0.1", show_default=True, help="Address to bind (0.0.0.0: every interface).")
-@click.option("--port", default=8000, show_default=True, type=int)
+@click.option("--port", default=8000, show_default=True, type=click.IntRange(0, 65535))
 @click.option("--api-key", default=None, envvar="EAGLESPEC_API_KEY", show_envvar=True,
               help="Key every endpoint but /health asks for (Authorization: Bearer KEY).")
 @click.option("--max-batch", default=4, show_default=True, type=int, help="Requests decoded together.")
@@ -608,8 +608,7 @@ def serve(model_spec: str, head_spec: str, method: str | None, host: str, port: 
     """An OpenAI-compatible server (/v1/completions, /v1/chat/completions, /v1/models, /metrics,
     /health) with a page at / that colours each token by where it came from."""
     for name, value, least in (("--max-batch", max_batch, 1), ("--max-queue", max_queue, 0),
-                               ("--max-tokens", max_tokens, 1), ("--cache-tokens", cache_tokens, 0),
-                               ("--port", port, 0)):
+                               ("--max-tokens", max_tokens, 1), ("--cache-tokens", cache_tokens, 0)):
         if value < least:
             raise InvalidArgumentError(f"{name} must be >= {least}, got {value}")
     if not timeout > 0:

@@ -9,7 +9,7 @@ from pathlib import Path
 import torch
 from safetensors import SafetensorError, safe_open
 
-from eaglespec.errors import CorruptWeightsError, UnknownModelError
+from eaglespec.errors import CorruptWeightsError, InvalidArgumentError, UnknownModelError
 from eaglespec.models.adapter import adapter_base, merge_adapter
 from eaglespec.models.config import ModelConfig
 from eaglespec.models.decoder import Decoder
@@ -31,6 +31,19 @@ class Target:
     tokenizer: object  # a transformers tokenizer
     eos_token_ids: frozenset[int]
     weights: dict | None = None  # what `quantize` did (None: dense weights)
+
+
+def torch_device(spec: str | torch.device) -> torch.device:
+    """`--device`, checked: a one-line error for a name torch does not know or a GPU this machine lacks."""
+    try:
+        device = torch.device(spec)
+    except RuntimeError:
+        raise InvalidArgumentError(f"unknown device '{spec}': use cpu, cuda or cuda:N") from None
+    if device.type == "cuda" and not torch.cuda.is_available():
+        raise InvalidArgumentError(f"--device {spec}: no CUDA device here (or torch is a CPU build); use --device cpu")
+    if device.type == "cuda" and (device.index or 0) >= torch.cuda.device_count():
+        raise InvalidArgumentError(f"--device {spec}: this machine has {torch.cuda.device_count()} CUDA device(s)")
+    return device
 
 
 def resolve(spec: str) -> Path:
@@ -188,6 +201,7 @@ def load_target(spec: str, dtype: str | torch.dtype = "bfloat16", device: str = 
     from transformers import AutoConfig, AutoTokenizer
 
     torch_dtype = DTYPES[dtype] if isinstance(dtype, str) else dtype
+    device = torch_device(device)
     base = adapter_base(spec)  # a LoRA adapter folder (`eaglespec distill`): its base, the adapter merged
     folder = resolve(base or spec)
     hf_config = AutoConfig.from_pretrained(str(folder))

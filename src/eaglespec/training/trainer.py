@@ -30,7 +30,7 @@ from eaglespec.errors import InvalidArgumentError
 from eaglespec.files import atomic_path, save_figure, write_text
 from eaglespec.heads.checkpoint import load_head, save_head
 from eaglespec.heads.head import DraftHead, check_aux_layers, make_head
-from eaglespec.models.load import load_target
+from eaglespec.models.load import load_target, torch_device
 from eaglespec.optional import available, pyplot
 from eaglespec.timing import work_seconds
 from eaglespec.training.evaluate import evaluate, head_inputs, head_tokens
@@ -193,10 +193,8 @@ class Run:
         self.started, self.base_seconds, self.wall_start = work_seconds(self.device), self.state.seconds, time.monotonic()
 
     def _device(self) -> torch.device:
-        device = torch.device(self.config.device)
+        device = torch_device(self.config.device)
         if device.type == "cuda":
-            if not torch.cuda.is_available():
-                raise InvalidArgumentError("--device cuda: no CUDA device here (or torch is a CPU build); use --device cpu")
             device = torch.device("cuda", int(os.environ.get("LOCAL_RANK", "0")))
             torch.cuda.set_device(device)
         return device
