@@ -252,3 +252,19 @@ def test_row_attention_computes_softmax_attention_row_by_row(dtype, D):
         seen = mask[b, 0, r]
         alone = kernels.row_attention(q[b:b + 1, :, r:r + 1], k[b:b + 1, :, seen], v[b:b + 1, :, seen], None)
         assert torch.equal(alone[0, :, 0], y[b, :, r])
+
+
+def test_the_build_compiles_copies_that_change_only_with_the_sources(tmp_path):
+    """The kernels compile from copies in the build folder, so a wheel and a checkout of the same code
+    share one build: a second load rewrites no copy (ninja would rebuild on a newer time), and a copy
+    that differs from its source is replaced."""
+    sources = [Path(s) for s in kernels._copied_sources(tmp_path)]
+    assert [s.name for s in sources] == list(kernels.SOURCES) and all(s.parent == tmp_path / "src" for s in sources)
+    copies = {c.name: c.stat().st_mtime_ns for c in (tmp_path / "src").iterdir()}
+    assert set(copies) == set(kernels.SOURCES + kernels.HEADERS)
+    os.utime(sources[0], ns=(1, 1))
+    (tmp_path / "src" / "amx.h").write_text("// stale")
+    kernels._copied_sources(tmp_path)
+    assert sources[0].stat().st_mtime_ns == 1  # unchanged: left as it was
+    assert (tmp_path / "src" / "amx.h").read_bytes() == Path(kernels.__file__).with_name("amx.h").read_bytes()
+    assert not list((tmp_path / "src").glob("*.partial"))

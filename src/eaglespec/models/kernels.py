@@ -54,9 +54,7 @@ def _load():
                 # load forever: remove it.
                 fcntl.flock(guard, fcntl.LOCK_EX)
                 (build / "lock").unlink(missing_ok=True)
-                _module = load(name=name, sources=[str(Path(__file__).with_name(f"{n}.cpp"))
-                                                   for n in ("kernels", "row_attention", "row_linear", "int4_linear",
-                                                             "int8_linear", "layer_ops", "layer_stack")],
+                _module = load(name=name, sources=_copied_sources(build),
                                # -fopenmp: at::parallel_for is OpenMP in the headers; without it every kernel
                                # ran on one thread (torch's bundled libgomp is the runtime either way)
                                extra_cflags=["-O3", "-march=native", "-fopenmp"], extra_ldflags=["-fopenmp"],
@@ -68,6 +66,27 @@ def _load():
                           "to fix.",
                           stacklevel=3)
     return _module
+
+
+SOURCES = ("kernels.cpp", "row_attention.cpp", "row_linear.cpp", "int4_linear.cpp", "int8_linear.cpp",
+           "layer_ops.cpp", "layer_stack.cpp")
+HEADERS = ("amx.h", "avx2.h", "row_groups.h")
+
+
+def _copied_sources(build: Path) -> list[str]:
+    """The C++ sources, copied into the build folder where they differ from its copies: the build
+    then depends on their contents, not on where eaglespec is installed, so a checkout and a wheel of
+    the same code share one compiled module (ninja recompiles everything when a source's path
+    changes: 2 minutes on 2 cores)."""
+    copies = build / "src"
+    copies.mkdir(exist_ok=True)
+    for name in SOURCES + HEADERS:
+        text, copy = Path(__file__).with_name(name).read_bytes(), copies / name
+        if not copy.is_file() or copy.read_bytes() != text:  # an unchanged copy keeps its time: no rebuild
+            partial = copy.with_name(copy.name + ".partial")
+            partial.write_bytes(text)
+            os.replace(partial, copy)
+    return [str(copies / name) for name in SOURCES]
 
 
 def _cpu_type() -> str:
