@@ -194,7 +194,7 @@ def build_decoder(config: ModelConfig, hf_tensors: dict[str, torch.Tensor], dtyp
     return model.eval().requires_grad_(False)
 
 
-def load_target(spec: str, dtype: str | torch.dtype = "bfloat16", device: str = "cpu",
+def load_target(spec: str, dtype: str | torch.dtype = "bfloat16", device: str | torch.device = "cpu",
                 weights: str = "dense") -> Target:
     """Load a target model by bundled name, Hugging Face folder, .gguf path or LoRA adapter folder
     (`models/adapter.py`); `weights` int8 or int4 keeps its linears quantized (see `quantize.py`)."""
