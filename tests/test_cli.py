@@ -42,6 +42,8 @@ def test_models_lists_the_bundled_models():
     code, out, _ = run("models")
     assert code == 0
     assert "smollm2-135m-instruct" in out and "qwen2.5-coder-1.5b-instruct" in out and " MB" in out
+    rows = {line.split()[0]: line for line in out.splitlines()}  # the heads shipped for each model
+    assert " eagle+medusa " in rows["smollm2-135m-instruct"] and " no head " in rows["qwen2.5-coder-1.5b-instruct"]
 
 
 @pytest.fixture

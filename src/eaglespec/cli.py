@@ -64,17 +64,19 @@ def main() -> None:
 
 @main.command()
 def models() -> None:
-    """List the bundled models, their size and whether each is cached."""
+    """List the bundled models, their size, whether each is cached and the heads we ship for it."""
+    from eaglespec.heads.checkpoint import shipped_head
     from eaglespec.models.fetch import dataset_path, is_cached
 
     click.echo(f"cache: {cache_root()}  (set EAGLESPEC_CACHE to move it)")
     for m in BUNDLED.values():
         state = "cached" if is_cached(m) else "not fetched"
+        heads = "+".join(kind for kind in ("eagle", "medusa") if shipped_head(m.name, kind)) or "no head"
         default = "  (default)" if m.name == DEFAULT_MODEL else ""
-        click.echo(f"{m.name:30s} {m.size / 1e6:7.0f} MB  {state:12s} {m.description}{default}")
+        click.echo(f"{m.name:30s} {m.size / 1e6:7.0f} MB  {state:12s} {heads:13s} {m.description}{default}")
     for d in DATASETS.values():
         state = "cached" if dataset_path(d).is_file() else "not fetched"
-        click.echo(f"{d.name:30s} {d.size / 1e6:7.0f} MB  {state:12s} data: {d.description}")
+        click.echo(f"{d.name:30s} {d.size / 1e6:7.0f} MB  {state:12s} {'data':13s} {d.description}")
 
 
 @main.command()
