@@ -173,9 +173,10 @@ def test_bad_training_options_fail_before_any_work(tiny4, features, tmp_path):
     assert not (tmp_path / "bad-features").exists()
 
 
-def test_a_time_budget_decays_the_lr_to_zero_then_evaluates_and_ends(tiny4, features, tmp_path):
+def test_a_time_budget_decays_the_lr_to_zero_then_evaluates_and_ends(tiny4, features, tmp_path, capsys):
     config = run_config(tiny4, features, tmp_path / "budget", epochs=1000, budget_minutes=0.03)
     state = train(config, log=lambda m: None)
+    assert "training (budget)" in capsys.readouterr().err  # the bar counts the budget's minutes, not 1000 epochs
     assert state.finished and 0 < state.epoch < 1000 and state.evals[-1]["step"] == state.step
     steps = [e["step"] for e in state.evals]
     assert steps == sorted(set(steps))  # no evaluation twice of the same weights

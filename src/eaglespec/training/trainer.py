@@ -281,8 +281,13 @@ class Run:
 
     def run(self) -> State:
         config, state = self.config, self.state
-        bar = tqdm(total=self.per_epoch * config.epochs, initial=state.step, unit="step", desc="training",
-                   disable=self.rank != 0)
+        if config.budget_minutes:  # the budget ends the run, not the epochs: the bar counts its minutes
+            bar = tqdm(total=config.budget_minutes, initial=min(self.training_seconds() / 60, config.budget_minutes),
+                       desc="training (budget)", disable=self.rank != 0,
+                       bar_format="{desc}: {percentage:3.0f}%|{bar}| {n:.4g}/{total:g} min [{elapsed}<{remaining}{postfix}]")
+        else:
+            bar = tqdm(total=self.per_epoch * config.epochs, initial=state.step, unit="step", desc="training",
+                       disable=self.rank != 0)
         try:
             while state.epoch < config.epochs and not state.finished:
                 order = torch.randperm(len(self.train_set),
@@ -296,8 +301,9 @@ class Run:
                         for group in self.optimizer.param_groups:
                             group["lr"] = lr
                     self.step(order)
-                    bar.update(1)
-                    bar.set_postfix(loss=f"{state.history[-1]['loss']:.3f}", top1=f"{state.history[-1]['top1']:.3f}")
+                    bar.update(min(self.training_seconds() / 60, bar.total) - bar.n if config.budget_minutes else 1)
+                    bar.set_postfix(step=state.step, loss=f"{state.history[-1]['loss']:.3f}",
+                                    top1=f"{state.history[-1]['top1']:.3f}")
                     if state.step % config.checkpoint_every == 0:
                         self.save()
                     out_of_time = config.max_minutes and time.monotonic() - self.wall_start > config.max_minutes * 60
