@@ -169,7 +169,7 @@ def extract(target: Target, config: ExtractConfig, out: Path, rank: int = 0, wor
           f"about {estimate * per_token / 1e9:.2f} GB on disk at {out}; {len(todo)} shards to do here")
     remaining = sum(len(conversations[k * config.shard_size:(k + 1) * config.shard_size]) for k in todo)
     bar = tqdm(total=int(per_conversation * remaining), unit="tok", unit_scale=True,
-               desc=f"extracting {config.split}", disable=rank != 0)
+               desc=f"extracting {config.split}", disable=rank != 0 or not todo)
     skipped = reused = copied = 0
     earlier = _sequences(Path(reuse)) if reuse is not None else {}
     for k in todo:
