@@ -14,7 +14,9 @@ from eaglespec.decoding.drafters.eagle import EagleProposer
 from eaglespec.decoding.sampling import Draws, SamplingParams
 from eaglespec.decoding.tree import parse_tree
 from eaglespec.errors import InvalidArgumentError
+from eaglespec.decoding.model import Model
 from eaglespec.heads.checkpoint import HeadMismatchError, load_head, save_head
+from eaglespec.heads.export import export_head
 from eaglespec.heads.head import Eagle3Head, EagleHead, make_head
 from eaglespec.models.load import load_target
 from eaglespec.training.evaluate import chain_predictions, head_inputs
@@ -109,11 +111,12 @@ def test_objectives_are_the_documented_quantities():
     assert position_losses({"accept": 1.0}, p_logits, p_logits, lse, feats, feats) < accept
 
 
-@pytest.mark.parametrize("head_type,loss,unroll", [("eagle1", "feature:1,ce:0.1", 3), ("eagle1", "accept", 1),
-                                                    ("eagle1", "ce:1,topk:1", 2), ("eagle3", "ce", 3)])
-def test_every_objective_and_head_type_trains_saves_and_loads(tiny4, features, tmp_path, head_type, loss, unroll):
+@pytest.mark.parametrize("head_type,loss,unroll,width", [("eagle1", "feature:1,ce:0.1", 3, 0), ("eagle1", "accept", 1, 24),
+                                                          ("eagle1", "ce:1,topk:1", 2, 0), ("eagle3", "ce", 3, 24)])
+def test_every_objective_and_head_type_trains_saves_and_loads(tiny4, features, tmp_path, head_type, loss, unroll,
+                                                              width):
     config = run_config(tiny4, features, tmp_path / "run", head_type=head_type, loss=loss, unroll=unroll,
-                        aux_layers=AUX if head_type == "eagle3" else ())
+                        aux_layers=AUX if head_type == "eagle3" else (), intermediate_size=width)
     state = train(config, log=lambda m: None)
     assert state.step > 0 and len(state.evals[0]["alpha"]) == 5
     assert all(h["loss"] == h["loss"] and h["loss"] > 0 for h in state.history)  # finite, not NaN
@@ -121,6 +124,13 @@ def test_every_objective_and_head_type_trains_saves_and_loads(tiny4, features, t
     assert head.head_type == head_type and head.vocab_size == 256
     saved = json.loads((tmp_path / "run" / "head" / "config.json").read_text())
     assert saved["eaglespec"]["train"]["unroll"] == unroll and saved["eaglespec"]["train"]["loss"] == loss
+    # --intermediate-size narrows the head's MLP (0: the target's 64), in the file the engines read too
+    assert saved["intermediate_size"] == head.layers[0].mlp.down.weight.shape[1] == (width or 64)
+    if width:
+        export_head(str(tmp_path / "run" / "head"), tiny4, "vllm", tmp_path / "vllm")
+        model, prompt = Model(tiny4, head), "Count from 3."
+        assert model.generate(prompt, method="eagle", max_new_tokens=24).token_ids == \
+            model.generate(prompt, method="vanilla", max_new_tokens=24).token_ids
 
 
 def test_eagle3_checkpoint_has_the_engine_layout(tiny4, tmp_path):
@@ -158,7 +168,9 @@ def test_bad_training_options_fail_before_any_work(tiny4, features, tmp_path):
                             ({"loss": "ce:0,feature:0"}, "sum to 0"), ({"loss": "ce:-1"}, "weight >= 0"),
                             ({"head_type": "eagle2"}, "unknown head type"),
                             ({"head_type": "eagle3", "loss": "feature:1,ce:0.1"}, "drop the 'feature' loss term"),
-                            ({"aux_layers": (1, 2, 3)}, "EAGLE-3 option"), ({"unroll_decay": 0}, "unroll-decay")]:
+                            ({"aux_layers": (1, 2, 3)}, "EAGLE-3 option"), ({"unroll_decay": 0}, "unroll-decay"),
+                            ({"head_type": "medusa", "loss": "ce", "unroll": 1, "intermediate_size": 32},
+                             "--intermediate-size"), ({"intermediate_size": -1}, "--intermediate-size")]:
         with pytest.raises(InvalidArgumentError, match=message):
             run_config(tiny4, features, tmp_path / "bad", **kwargs)
     assert parse_loss("ce") == {"ce": 1.0}

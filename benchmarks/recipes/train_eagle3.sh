@@ -3,8 +3,8 @@
 # load beside EAGLE-1 and the only one llama.cpp loads (`--spec-type draft-eagle3`):
 #     bash benchmarks/recipes/train_eagle3.sh smollm2-135m-instruct
 # The head reads the hidden states entering layers 2, N/2 and N-3 (vLLM's default), learns the
-# target's next-token distribution over a draft vocabulary (8,192 tokens for SmolLM2, 16,384 for Qwen; soft cross-entropy,
-# EAGLE-3's loss) three draft steps deep (training-time test), on the long program's data recipe:
+# target's next-token distribution over a draft vocabulary of 8,192 tokens (soft cross-entropy, EAGLE-3's loss) three
+# draft steps deep (training-time test), on the long program's data recipe:
 # the target's own answers and human ShareGPT ones, two to one, cut at 192 tokens (features in bf16,
 # the held-out ones in fp32). BUDGET minutes of training (wall minutes of 2 threads; the learning rate
 # decays to 0 at it), so that with its extraction each head costs at least its EAGLE-1 head's CPU hours:
@@ -14,7 +14,9 @@
 # (features and checkpoints are in ~/.cache/eaglespec): run it again with the same BUDGET after an
 # interruption (a finished run returns at once); another BUDGET
 # is another run, in its own folder, from the start (the features are shared). Its config, eval and
-# curves go to benchmarks/results/heads/eagle3-MODEL/.
+# curves go to benchmarks/results/heads/eagle3-MODEL/. Qwen's head has half its target's MLP width (2,432): with
+# its own LM head over the draft vocabulary it is 38 MB in bf16, which fits the tracked tree's 100 MiB in place
+# of the EAGLE-1 head; at full size with 16,384 draft tokens it would be 66 MB.
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 MODEL=${1:?usage: train_eagle3.sh MODEL}
@@ -22,11 +24,11 @@ case "$MODEL" in
     smollm2-135m-instruct)
         OWN=data/regenerated/$MODEL
         DATA=(--data "$OWN:3460,$OWN-short:1363,$OWN-more:2705,sharegpt:3764" --answer-tokens 192); VOCAB=8192
-        BUDGET=${BUDGET:-780} ;;
+        WIDTH=0 BUDGET=${BUDGET:-780} ;;
     qwen2.5-coder-0.5b-instruct)  # runs in vLLM and SGLang: llama.cpp's Qwen2 graph gives no layer inputs to a draft
         OWN=data/regenerated/$MODEL
-        DATA=(--data "$OWN:194,$OWN-more:3360,sharegpt:1777" --answer-tokens 192); VOCAB=16384
-        BUDGET=${BUDGET:-420} ;;
+        DATA=(--data "$OWN:194,$OWN-more:3360,sharegpt:1777" --answer-tokens 192); VOCAB=8192
+        WIDTH=2432 BUDGET=${BUDGET:-420} ;;
     *) echo "no EAGLE-3 recipe for '$MODEL': see the recipes in this script" >&2; exit 1 ;;
 esac
 E=.venv/bin/eaglespec
@@ -38,8 +40,8 @@ $E extract --model "$MODEL" --data sharegpt --split heldout --limit 50 "${A[@]}"
 $E extract --model "$MODEL" "${DATA[@]}" --split train --aux-layers eagle3 --dtype bfloat16 --threads 2 \
     --out "$F/eagle3-$MODEL-mixed"
 $E train --model "$MODEL" --train-features "$F/eagle3-$MODEL-mixed" --heldout-features "$F/eagle3-$MODEL-heldout" \
-    --out "$RUN" --head-type eagle3 --loss ce --unroll 3 --draft-vocab "$VOCAB" --lr 5e-4 --warmup-steps 20 \
-    --batch 8 --epochs 100 --budget-minutes "$BUDGET" --eval-limit 20 --checkpoint-every 10 --threads 2
+    --out "$RUN" --head-type eagle3 --loss ce --unroll 3 --draft-vocab "$VOCAB" --intermediate-size "$WIDTH" --lr 5e-4 \
+    --warmup-steps 20 --batch 8 --epochs 100 --budget-minutes "$BUDGET" --eval-limit 20 --checkpoint-every 10 --threads 2
 H=src/eaglespec/heads/shipped/eagle3/$MODEL
 rm -rf "$H" && mkdir -p "$H" && cp "$RUN/head/config.json" "$RUN/head/model.safetensors" "$RUN/curves.png" "$H/"
 $E eval-head --model "$MODEL" --head "$H" --limit 50 --data "data/regenerated/$MODEL-heldout" --answer-tokens 128 \

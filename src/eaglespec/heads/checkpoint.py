@@ -249,7 +249,7 @@ def load_head(spec: str, target: Target, kind: str = "eagle") -> DraftHead:
         except InvalidArgumentError as err:
             raise HeadMismatchError(f"the EAGLE-3 head at {folder} does not fit {target.name}: {err}") from None
         draft_vocab = _draft_vocab_of_eagle3(tensors, folder, c.vocab_size)
-        head: DraftHead = Eagle3Head(c, aux, len(draft_vocab))
+        head: DraftHead = Eagle3Head(c, aux, len(draft_vocab), config.get("intermediate_size"))
         tensors = {k.replace("midlayer.", "layers.0."): v for k, v in tensors.items()}
     elif kind == "medusa":
         if any(k.endswith(".1.weight") for k in tensors) or config.get("medusa_num_layers", 1) != 1:
@@ -262,7 +262,8 @@ def load_head(spec: str, target: Target, kind: str = "eagle") -> DraftHead:
             draft_vocab = _medusa_draft_vocab(tensors.pop("lm_head.weight"), target, draft_vocab, folder)
         tensors = {f"heads.{k.replace('.0.linear.', '.linear.')}": v.to(dtype) for k, v in tensors.items()}
     else:
-        head = EagleHead(c, config.get("num_hidden_layers", 1), ours.get("input_variant", "feature+shifted-token"))
+        head = EagleHead(c, config.get("num_hidden_layers", 1), ours.get("input_variant", "feature+shifted-token"),
+                         config.get("intermediate_size"))
         draft_vocab = tensors.pop("draft_vocab", None)
     try:
         mapped = tensors if kind == "medusa" else from_hf_state_dict(tensors, dtype)

@@ -69,8 +69,9 @@ class DraftHead(Stack):
 
     drafts_with_target_lm = True  # its logits are the target's LM head's (EAGLE-1, Medusa); else its own
 
-    def __init__(self, config: ModelConfig, num_layers: int, layer: type[nn.Module] = Layer):
-        super().__init__(config.for_head(), num_layers, layer)
+    def __init__(self, config: ModelConfig, num_layers: int, layer: type[nn.Module] = Layer,
+                 intermediate_size: int | None = None):
+        super().__init__(config.for_head(intermediate_size), num_layers, layer)
         self.draft_vocab: Tensor | None = None  # [N] target ids, None for the full vocabulary
         self.embed_weight: Tensor | None = None  # frozen, the target's
         self.target_lm: Tensor | None = None  # frozen: the target's LM head rows of the draft vocabulary
@@ -163,10 +164,10 @@ class EagleHead(DraftHead):
     head_type = "eagle1"
 
     def __init__(self, config: ModelConfig, num_layers: int = 1,
-                 input_variant: str = "feature+shifted-token"):
+                 input_variant: str = "feature+shifted-token", intermediate_size: int | None = None):
         if input_variant not in INPUT_VARIANTS:
             raise InvalidArgumentError(f"input variant must be one of {', '.join(INPUT_VARIANTS)}, got '{input_variant}'")
-        super().__init__(config, num_layers)
+        super().__init__(config, num_layers, intermediate_size=intermediate_size)
         self.input_variant = input_variant
         self.fc = Linear(2 * config.hidden_size, config.hidden_size, bias=True)
         self.layers[0].input_norm = nn.Identity()
@@ -227,9 +228,10 @@ class Eagle3Head(DraftHead):
     head_type = "eagle3"
     drafts_with_target_lm = False
 
-    def __init__(self, config: ModelConfig, aux_layers: tuple[int, ...], draft_vocab_size: int):
+    def __init__(self, config: ModelConfig, aux_layers: tuple[int, ...], draft_vocab_size: int,
+                 intermediate_size: int | None = None):
         check_aux_layers(tuple(aux_layers), config.num_layers)
-        super().__init__(config, 1, Eagle3Layer)
+        super().__init__(config, 1, Eagle3Layer, intermediate_size)
         self.reads = tuple(aux_layers)
         h = config.hidden_size
         self.fc = Linear(3 * h, h, bias=False)
@@ -325,17 +327,19 @@ class MedusaHead(DraftHead):
 
 def make_head(config: ModelConfig, head_type: str = "eagle1", *, num_layers: int = 1,
               input_variant: str = "feature+shifted-token", aux_layers: tuple[int, ...] | None = None,
-              draft_vocab_size: int | None = None, medusa_heads: int = 4) -> DraftHead:
-    """A fresh head of a type (`eagle1`, `eagle3` or `medusa`), checking the options that type takes."""
+              draft_vocab_size: int | None = None, medusa_heads: int = 4,
+              intermediate_size: int | None = None) -> DraftHead:
+    """A fresh head of a type (`eagle1`, `eagle3` or `medusa`), checking the options that type takes
+    (`intermediate_size`: the MLP width of an EAGLE head's layer; None: the target's)."""
     if head_type == "eagle1":
         if aux_layers:
             raise InvalidArgumentError("aux layers are for EAGLE-3 heads; an EAGLE-1 head reads the final feature")
-        return EagleHead(config, num_layers, input_variant)
+        return EagleHead(config, num_layers, input_variant, intermediate_size)
     if head_type == "eagle3":
         if num_layers != 1 or input_variant != "feature+shifted-token":
             raise InvalidArgumentError("an EAGLE-3 head has one decoder layer and reads features + shifted tokens")
         return Eagle3Head(config, aux_layers or default_aux_layers(config.num_layers),
-                          draft_vocab_size or config.vocab_size)
+                          draft_vocab_size or config.vocab_size, intermediate_size)
     if head_type == "medusa":
         if num_layers != 1 or input_variant != "feature+shifted-token" or aux_layers:
             raise InvalidArgumentError("a Medusa head reads the final feature alone, through residual blocks: "

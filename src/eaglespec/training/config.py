@@ -84,6 +84,8 @@ class TrainConfig:
                                   "(0: full; with --init HEAD, 0 keeps the head's and N picks an EAGLE-1 or Medusa "
                                   "head's anew).")
     num_layers: int = setting(1, "Decoder layers of an EAGLE-1 head.", "--layers")
+    intermediate_size: int = setting(0, "MLP width of an EAGLE head's decoder layer (0: the target's; a narrower "
+                                        "head is smaller to ship and quicker to draft).")
     input_variant: str = setting("feature+shifted-token", "What an EAGLE-1 head reads (the paper's Fig. 8 ablation).",
                                  choices=("feature+shifted-token", "feature+unshifted-token", "feature", "token"))
     init: str = setting("random", "random, target-last-layer (EAGLE-1; EAGLE-3 heads always start their LM head "
@@ -126,6 +128,10 @@ class TrainConfig:
                 raise InvalidArgumentError("--init target-last-layer, --layers and --input-variant are EAGLE-1 options")
         elif self.aux_layers:
             raise InvalidArgumentError("--aux-layers is an EAGLE-3 option (EAGLE-1 and Medusa heads read the final feature)")
+        if self.intermediate_size < 0 or (self.intermediate_size and (self.head_type == "medusa"
+                                                                     or self.init == "target-last-layer")):
+            raise InvalidArgumentError(f"--intermediate-size must be >= 0 (0: the target's) and is for EAGLE heads "
+                                       f"that do not start from the target's last layer, got {self.intermediate_size}")
         if self.head_type == "medusa" and (self.unroll != 1 or self.init == "target-last-layer"):
             raise InvalidArgumentError("--unroll and --init target-last-layer are EAGLE options: a Medusa head "
                                        "trains each of its --medusa-heads on true features")

@@ -222,6 +222,7 @@ class Run:
             check_aux_layers(config.aux_layers, target.model.config.num_layers)
         head = make_head(target.model.config, config.head_type, num_layers=config.num_layers,
                          input_variant=config.input_variant,
+                         intermediate_size=config.intermediate_size or (start.config.intermediate_size if start else None),
                          aux_layers=config.aux_layers or (start.reads if start else None) or None,
                          draft_vocab_size=len(vocab) if vocab is not None else None,
                          medusa_heads=config.medusa_heads).attach(target.model, vocab)
