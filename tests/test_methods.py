@@ -38,7 +38,7 @@ TREES = ["eagle1", "chain:4", "dynamic:topk=3,depth=4,tokens=10", "auto"]
 METHODS = [*(f"eagle:{t}" for t in TREES), "eagle-random:eagle1", "eagle-random:auto", "eagle-imported:chain:4",
            "eagle3-random:eagle1",
            "eagle3-exit:eagle1", "eagle3-exit:auto", "sps:3", "pld:6", "pld", "hybrid", "hybrid-random",
-           "hybrid:lookup+suffix", "medusa-random", "medusa-random:6", "lookahead", "lookahead:W=3,N=3,G=2"]
+           "hybrid-eagle3", "hybrid:lookup+suffix", "medusa-random", "medusa-random:6", "lookahead", "lookahead:W=3,N=3,G=2"]
 
 
 pytestmark = pytest.mark.usefixtures("auto_drafts_every_round")
@@ -95,6 +95,8 @@ def make(shipped, random_head, imported_head, eagle3_heads, smollm2_draft, rando
             return Eagle(random_head, tree)
         if name == "hybrid-random":
             return Hybrid(random_head)
+        if name == "hybrid-eagle3":
+            return Hybrid(eagle3_heads["eagle3-exit"])
         if name in eagle3_heads:
             return Eagle(eagle3_heads[name], tree)
         return parse_method(spec, head=shipped, draft=smollm2_draft)
