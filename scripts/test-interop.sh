@@ -8,8 +8,8 @@
 #   the CPU torch; vLLM runs text models without them, so they are removed.
 # - SafeAILab's official runtime (eagle-llm 1.2.1) with transformers 4.36.2, in .venv-eagle, without
 #   its web-demo and training dependencies (gradio, wandb, fschat, ...). It runs Llama targets only.
-# - llama.cpp (built by scripts/setup_llamacpp.sh), for the models that have an EAGLE-3 head in
-#   src/eaglespec/heads/shipped/eagle3/ (benchmarks/recipes/train_eagle3.sh; vLLM runs those too): it drafts
+# - llama.cpp (built by scripts/setup_llamacpp.sh), for the models we ship an EAGLE-3 head for (`--head eagle3`,
+#   benchmarks/recipes/train_eagle3.sh; vLLM runs those too): it drafts
 #   with no other head type, on targets whose graph hands the draft its layers' inputs (not Qwen2's);
 #   and the tests marked llamacpp (EAGLE-3 heads of tiny Qwen3 and Llama-3 targets in llama-server).
 #     bash scripts/test-interop.sh [MODEL ...]     (default: every model with a shipped head)
@@ -42,13 +42,17 @@ for model in "${models[@]}"; do
     if [ -f "src/eaglespec/heads/shipped/medusa/$model/config.json" ]; then  # vLLM runs Medusa heads too
         .venv/bin/python benchmarks/experiments/interop.py "$model" --engine vllm --medusa default
     fi
-    eagle3=src/eaglespec/heads/shipped/eagle3/$model
-    if [ -f "$eagle3/config.json" ]; then
-        .venv/bin/python benchmarks/experiments/interop.py "$model" --engine vllm --head "$eagle3"
+    # the shipped EAGLE-3 head (--head eagle3): in vLLM where it is not the default head run above, and in llama.cpp
+    eagle3=$(.venv/bin/python -c "from eaglespec.heads.checkpoint import shipped_head as s
+print('' if s('$model', 'eagle3') is None else 'beside' if s('$model', 'eagle3') != s('$model') else 'default')")
+    if [ "$eagle3" = beside ]; then
+        .venv/bin/python benchmarks/experiments/interop.py "$model" --engine vllm --head eagle3
+    fi
+    if [ -n "$eagle3" ]; then
         fits=$(.venv/bin/python -c "import json, sys; from eaglespec.models.llamacpp import EAGLE3_TARGETS
 print(json.load(open(sys.argv[1]))['model_type'] in EAGLE3_TARGETS)" "$dir/config.json")  # llama.cpp's graph gives layer inputs
         if [ "$fits" = True ]; then
-            .venv/bin/python benchmarks/experiments/interop.py "$model" --engine llama.cpp --head "$eagle3"
+            .venv/bin/python benchmarks/experiments/interop.py "$model" --engine llama.cpp --head eagle3
         fi
     fi
 done

@@ -43,7 +43,7 @@ def test_models_lists_the_bundled_models():
     assert code == 0
     assert "smollm2-135m-instruct" in out and "qwen2.5-coder-1.5b-instruct" in out and " MB" in out
     rows = {line.split()[0]: line for line in out.splitlines()}  # the heads shipped for each model
-    assert " eagle+medusa " in rows["smollm2-135m-instruct"] and " no head " in rows["qwen2.5-coder-1.5b-instruct"]
+    assert " eagle1+medusa " in rows["smollm2-135m-instruct"] and " no head " in rows["qwen2.5-coder-1.5b-instruct"]
 
 
 @pytest.fixture

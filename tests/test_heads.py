@@ -15,7 +15,8 @@ from eaglespec.decoding.sampling import Draws, SamplingParams
 from eaglespec.decoding.tree import parse_tree
 from eaglespec.errors import InvalidArgumentError
 from eaglespec.decoding.model import Model
-from eaglespec.heads.checkpoint import HeadMismatchError, load_head, save_head
+from eaglespec.heads import checkpoint
+from eaglespec.heads.checkpoint import HeadMismatchError, load_head, resolve_head, save_head, shipped_heads, shipped_kinds
 from eaglespec.heads.export import export_head
 from eaglespec.heads.head import Eagle3Head, EagleHead, make_head
 from eaglespec.models.load import load_target
@@ -161,6 +162,23 @@ def test_eagle3_checkpoint_has_the_engine_layout(tiny4, tmp_path):
     (tmp_path / "h3" / "config.json").write_text(json.dumps(config))
     with pytest.raises(HeadMismatchError, match="not an EAGLE-1/2 head"):
         load_head(str(tmp_path / "h3"), tiny4)
+
+
+def test_the_shipped_eagle3_head_is_named_eagle3(tiny4, tmp_path, monkeypatch):
+    """Model a ships an EAGLE-1 default and an EAGLE-3 head beside it, model b an EAGLE-3 default."""
+    eagle1, eagle3 = heads(tiny4)
+    monkeypatch.setattr(checkpoint, "SHIPPED", tmp_path)
+    (tmp_path / "eagle3").mkdir()
+    for head, folder in ((eagle1, tmp_path / "a"), (eagle3, tmp_path / "eagle3" / "a"), (eagle3, tmp_path / "b")):
+        save_head(head, folder, folder.name)
+    assert shipped_kinds("a") == ["eagle1", "eagle3"] and shipped_kinds("b") == ["eagle3"] and shipped_kinds("c") == []
+    assert resolve_head("default", "a") == tmp_path / "a" and resolve_head("eagle3", "a") == tmp_path / "eagle3" / "a"
+    assert resolve_head("eagle3", "b") == resolve_head("default", "b") == tmp_path / "b"
+    assert shipped_heads("eagle3") == "a, b" and shipped_heads() == "a, b"
+    with pytest.raises(InvalidArgumentError, match=r"no shipped eagle3 head for 'c' \(shipped: a, b\).*train_eagle3.sh"):
+        resolve_head("eagle3", "c")
+    with pytest.raises(InvalidArgumentError, match="no head at 'eagle3'"):  # a Medusa head has no EAGLE-3 kind
+        resolve_head("eagle3", "a", "medusa")
 
 
 def test_bad_training_options_fail_before_any_work(tiny4, features, tmp_path):

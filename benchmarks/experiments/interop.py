@@ -59,7 +59,7 @@ def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("model")
     parser.add_argument("--engine", choices=sorted(ENGINES), default="vllm")
-    parser.add_argument("--head", default="default", help="the head to export: a folder or 'default' (the shipped one)")
+    parser.add_argument("--head", default="default", help="the head to export: a folder, 'default' (the shipped one) or 'eagle3' (the shipped EAGLE-3 one)")
     parser.add_argument("--medusa", default=None, help="export a Medusa head instead: a folder or 'default'")
     parser.add_argument("--k", type=int, default=3, help="draft tokens per round (a chain), in both engines")
     parser.add_argument("--max-new-tokens", type=int, default=128)

@@ -14,6 +14,8 @@ from eaglespec.errors import EaglespecError, InvalidArgumentError, UnknownModelE
 from eaglespec.models.registry import BUNDLED, DATASETS, DEFAULT_MODEL, DRAFT_MODELS, TRAINING_DATA, cache_root
 from eaglespec.training.config import TrainConfig
 
+HEAD_HELP = ("EAGLE head: a folder (from `eaglespec train`, or an engine's layout), 'default' (the one we ship for "
+             "the model, where there is one) or 'eagle3' (the EAGLE-3 one we ship, which every engine loads).")
 
 class Group(click.Group):
     """Print our errors as one line, without a traceback, and exit 1."""
@@ -65,18 +67,18 @@ def main() -> None:
 @main.command()
 def models() -> None:
     """List the bundled models, their size, whether each is cached and the heads we ship for it."""
-    from eaglespec.heads.checkpoint import shipped_head
+    from eaglespec.heads.checkpoint import shipped_kinds
     from eaglespec.models.fetch import dataset_path, is_cached
 
     click.echo(f"cache: {cache_root()}  (set EAGLESPEC_CACHE to move it)")
     for m in BUNDLED.values():
         state = "cached" if is_cached(m) else "not fetched"
-        heads = "+".join(kind for kind in ("eagle", "medusa") if shipped_head(m.name, kind)) or "no head"
+        heads = "+".join(shipped_kinds(m.name)) or "no head"
         default = "  (default)" if m.name == DEFAULT_MODEL else ""
-        click.echo(f"{m.name:30s} {m.size / 1e6:7.0f} MB  {state:12s} {heads:13s} {m.description}{default}")
+        click.echo(f"{m.name:30s} {m.size / 1e6:7.0f} MB  {state:12s} {heads:20s} {m.description}{default}")
     for d in DATASETS.values():
         state = "cached" if dataset_path(d).is_file() else "not fetched"
-        click.echo(f"{d.name:30s} {d.size / 1e6:7.0f} MB  {state:12s} {'data':13s} {d.description}")
+        click.echo(f"{d.name:30s} {d.size / 1e6:7.0f} MB  {state:12s} {'data':20s} {d.description}")
 
 
 @main.command()
@@ -110,8 +112,7 @@ def fetch(name: str) -> None:
 @click.option("--method", default=None, cls=MethodsOption,
               help="{methods}; --tree sets eagle's tree. Default: eagle where a head is loaded, else vanilla.")
 @click.option("--head", "head_spec", default="default", show_default=True,
-              help="EAGLE head: a folder from `eaglespec train`, or 'default' for the one we ship for the model "
-                   "(where there is one).")
+              help=HEAD_HELP)
 @click.option("--medusa-head", "medusa_spec", default="default", show_default=True,
               help="Medusa head for --method medusa: a folder from `eaglespec train --head-type medusa`, or "
                    "'default' for the one we ship for the model.")
@@ -301,7 +302,7 @@ def extract(model_spec, data, split, limit, skip, max_len, answer_tokens, heldou
               help="Drafting method of the decoding loop, {methods} (greedy output is the target's whatever "
                    "the method; no draft model here).")
 @click.option("--head", "head_spec", default="default", show_default=True,
-              help="The head the method drafts with (EAGLE, or Medusa for medusa): a folder or 'default'.")
+              help="The head the method drafts with (EAGLE, or Medusa for medusa): a folder, 'default' or 'eagle3'.")
 @click.option("--heldout-fraction", default=0.02, show_default=True)
 @click.option("--seed", default=0, show_default=True, help="Seed of the held-out split.")
 @click.option("--shard-size", default=64, show_default=True, help="Conversations per shard.")
@@ -429,7 +430,7 @@ def distill(model_spec, draft_model, data, limit, heldout, max_len, answer_token
 
 @main.command("eval-head")
 @model_option()
-@click.option("--head", "head_spec", default="default", show_default=True, help="Head folder or 'default'.")
+@click.option("--head", "head_spec", default="default", show_default=True, help=HEAD_HELP)
 @click.option("--limit", default=50, show_default=True, help="Held-out conversations to score.")
 @click.option("--data", default=None,
               help="Score the held-out split of this source instead of the head's training source, e.g. the "
@@ -460,7 +461,7 @@ def eval_head(model_spec, head_spec, limit, data, answer_tokens, depth, dtype, t
 @main.command()
 @model_option("The head's target")
 @click.option("--head", "head_spec", default="default", show_default=True,
-              help="Head folder (ours, or an engine's layout) or 'default' for the one we ship for the model.")
+              help=HEAD_HELP)
 @click.option("--medusa-head", "medusa_spec", default=None,
               help="Export this Medusa head instead (vllm): a folder, or 'default' for the one we ship for the model.")
 @click.option("--format", "fmt", required=True,
@@ -491,7 +492,7 @@ def export(model_spec: str, head_spec: str, medusa_spec: str | None, fmt: str, o
 @main.command()
 @model_option()
 @click.option("--head", "head_spec", default="default", show_default=True,
-              help="EAGLE head for the eagle methods: a folder or 'default'.")
+              help=HEAD_HELP)
 @click.option("--medusa-head", "medusa_spec", default="default", show_default=True,
               help="Medusa head for --method medusa: a folder from `eaglespec train --head-type medusa`, or "
                    "'default' for the one we ship for the model.")
@@ -585,7 +586,7 @@ def suite(suite_file, out, only, list_only) -> None:
 @main.command()
 @model_option()
 @click.option("--head", "head_spec", default="default", show_default=True,
-              help="EAGLE head: a folder from `eaglespec train`, or 'default' for the one we ship for the model.")
+              help=HEAD_HELP)
 @click.option("--method", default=None, cls=MethodsOption,
               help="How requests that name none decode ({methods}); a request may name another in its `method` "
                    "field. Default: eagle where a head is loaded.")

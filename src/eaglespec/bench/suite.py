@@ -70,12 +70,13 @@ def _option(key: str, value) -> list[str]:
 
 
 def _available(method: str, options: dict) -> bool:
-    """Whether what a method needs is there: its head, when the run asks for the shipped one."""
+    """Whether what a method needs is there: its head, when the run asks for a shipped one."""
     need = None if method in EXTERNAL else method_needs(method)
     medusa = need is Artefact.MEDUSA_HEAD
-    if need in (Artefact.EAGLE_HEAD, Artefact.MEDUSA_HEAD) and options.get("medusa_head" if medusa else "head",
-                                                                           "default") == "default":
-        return shipped_head(options["model"], "medusa" if medusa else "eagle") is not None
+    spec = options.get("medusa_head" if medusa else "head", "default")
+    if need in (Artefact.EAGLE_HEAD, Artefact.MEDUSA_HEAD) and spec in ("default", "eagle3"):
+        kind = "medusa" if medusa else "eagle3" if spec == "eagle3" else "eagle"
+        return shipped_head(options["model"], kind) is not None
     return True
 
 

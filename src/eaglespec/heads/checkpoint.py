@@ -87,41 +87,58 @@ def save_head(head: DraftHead, folder: Path, target_name: str, info: dict | None
     write_folder(folder, fill)
 
 
-def _shipped_root(kind: str) -> Path:
-    """Where the heads of a kind ("eagle" or "medusa") are shipped: shipped/ and shipped/medusa/."""
-    return SHIPPED / "medusa" if kind == "medusa" else SHIPPED
-
-
 def shipped_head(target_name: str, kind: str = "eagle") -> Path | None:
-    """The folder of the head of a kind we ship for a model, if there is one (a model given as a path has none)."""
-    root = _shipped_root(kind)
+    """The folder of the head of a kind we ship for a model, if there is one (a model given as a path
+    has none). Kinds: "eagle" (the default EAGLE head, shipped/MODEL), "eagle3" (the EAGLE-3 head:
+    shipped/eagle3/MODEL beside an EAGLE-1 default, or the default itself) and "medusa" (shipped/medusa/MODEL)."""
+    root = SHIPPED / kind if kind in ("eagle3", "medusa") else SHIPPED
     folder = root / target_name
-    return folder if folder.parent == root and (folder / "config.json").is_file() else None
+    if folder.parent == root and (folder / "config.json").is_file():
+        return folder
+    default = shipped_head(target_name) if kind == "eagle3" else None
+    if default is not None and head_type_of(json.loads((default / "config.json").read_text())) == "eagle3":
+        return default
+    return None
+
+
+def shipped_kinds(target_name: str) -> list[str]:
+    """The head types we ship for a model, the default EAGLE head's first: eagle1 or eagle3, then medusa."""
+    default = shipped_head(target_name)
+    kinds = [head_type_of(json.loads((default / "config.json").read_text()))] if default else []
+    if "eagle3" not in kinds and shipped_head(target_name, "eagle3"):
+        kinds.append("eagle3")
+    return kinds + (["medusa"] if shipped_head(target_name, "medusa") else [])
 
 
 def shipped_heads(kind: str = "eagle") -> str:
     """The models we ship heads of a kind for, as text."""
-    return ", ".join(sorted(p.parent.name for p in _shipped_root(kind).glob("*/config.json"))) or "none yet"
+    names = {p.parent.name for p in SHIPPED.glob("**/config.json")}
+    return ", ".join(sorted(name for name in names if shipped_head(name, kind))) or "none yet"
 
 
 def resolve_head(spec: str, target_name: str, kind: str = "eagle") -> Path:
-    if spec == "default":
+    """The folder of a head given as a path, 'default' (the shipped head of `kind`) or, for EAGLE
+    heads, 'eagle3' (the shipped EAGLE-3 head, the one the engines that only run EAGLE-3 load)."""
+    if spec == "default" or (spec == "eagle3" and kind == "eagle"):
+        kind = "eagle3" if spec == "eagle3" else kind
         folder = shipped_head(target_name, kind)
         if folder is None:
-            option, recipe = ("--medusa-head", "`eaglespec train --head-type medusa`") if kind == "medusa" else \
-                ("--head", "`eaglespec train` (benchmarks/recipes/train_head.sh holds the recipes; "
-                 "qwen2.5-coder-1.5b-instruct's head is built there, not shipped)")
+            option, recipe = {
+                "medusa": ("--medusa-head", "`eaglespec train --head-type medusa`"),
+                "eagle3": ("--head", "benchmarks/recipes/train_eagle3.sh"),
+                "eagle": ("--head", "`eaglespec train` (benchmarks/recipes/train_head.sh holds the recipes; "
+                          "qwen2.5-coder-1.5b-instruct's head is built there, not shipped)")}[kind]
             raise InvalidArgumentError(
                 f"no shipped {kind} head for '{target_name}' (shipped: {shipped_heads(kind)}); "
                 f"pass {option} PATH to a head trained with {recipe}"
             )
         return folder
-    folder = Path(spec)
+    folder, names = Path(spec), "or 'default'" if kind == "medusa" else "'default' or 'eagle3'"
     if _gguf_of(folder) is None and (not (folder / "config.json").is_file()
                                      or not any((folder / f).is_file() for f in WEIGHT_FILES)):
         raise InvalidArgumentError(f"no head at '{spec}': give a folder with config.json and model.safetensors "
                                    f"(or an official EAGLE release's pytorch_model.bin), llama.cpp's {gguf_head.FILE} "
-                                   "(or its folder), or 'default'")
+                                   f"(or its folder), {names}")
     return folder
 
 
