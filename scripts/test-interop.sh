@@ -7,7 +7,7 @@
 #   torchvision, torchaudio and torchcodec wheels it pulls in are CUDA builds that fail to load beside
 #   the CPU torch; vLLM runs text models without them, so they are removed.
 # - SafeAILab's official runtime (eagle-llm 1.2.1) with transformers 4.36.2, in .venv-eagle, without
-#   its web-demo and training dependencies (gradio, wandb, fschat, ...). It runs Llama targets only.
+#   its web-demo and training dependencies (gradio, wandb, fschat, ...). It runs EAGLE-1 heads of Llama targets only.
 # - llama.cpp (built by scripts/setup_llamacpp.sh), for the models we ship an EAGLE-3 head for (`--head eagle3`,
 #   benchmarks/recipes/train_eagle3.sh; vLLM runs those too): it drafts
 #   with no other head type, on targets whose graph hands the draft its layers' inputs (not Qwen2's);
@@ -34,21 +34,20 @@ bash scripts/setup_llamacpp.sh >/dev/null
 models=("$@")
 [ ${#models[@]} -gt 0 ] || models=(smollm2-135m-instruct qwen2.5-coder-0.5b-instruct gemma-3-270m)
 for model in "${models[@]}"; do
-    .venv/bin/python benchmarks/experiments/interop.py "$model" --engine vllm
+    # the head types shipped for it, the default EAGLE head's first (eagle1+eagle3+medusa, eagle3+medusa, ...)
+    kinds=+$(.venv/bin/python -c "from eaglespec.heads.checkpoint import shipped_kinds; print('+'.join(shipped_kinds('$model')))")+
     dir=$(.venv/bin/python -c "from eaglespec.models.load import resolve; print(resolve('$model'))")
-    if grep -q '"model_type": "llama"' "$dir/config.json"; then
+    .venv/bin/python benchmarks/experiments/interop.py "$model" --engine vllm
+    if grep -q '"model_type": "llama"' "$dir/config.json" && [[ $kinds == +eagle1+* ]]; then  # EAGLE-1 heads only
         .venv/bin/python benchmarks/experiments/interop.py "$model" --engine eagle-llm
     fi
-    if [ -f "src/eaglespec/heads/shipped/medusa/$model/config.json" ]; then  # vLLM runs Medusa heads too
+    if [[ $kinds == *+medusa+* ]]; then  # vLLM runs Medusa heads too
         .venv/bin/python benchmarks/experiments/interop.py "$model" --engine vllm --medusa default
     fi
-    # the shipped EAGLE-3 head (--head eagle3): in vLLM where it is not the default head run above, and in llama.cpp
-    eagle3=$(.venv/bin/python -c "from eaglespec.heads.checkpoint import shipped_head as s
-print('' if s('$model', 'eagle3') is None else 'beside' if s('$model', 'eagle3') != s('$model') else 'default')")
-    if [ "$eagle3" = beside ]; then
-        .venv/bin/python benchmarks/experiments/interop.py "$model" --engine vllm --head eagle3
-    fi
-    if [ -n "$eagle3" ]; then
+    if [[ $kinds == *+eagle3+* ]]; then  # in vLLM where it is not the default head run above, and in llama.cpp
+        if [[ $kinds != +eagle3+* ]]; then
+            .venv/bin/python benchmarks/experiments/interop.py "$model" --engine vllm --head eagle3
+        fi
         fits=$(.venv/bin/python -c "import json, sys; from eaglespec.models.llamacpp import EAGLE3_TARGETS
 print(json.load(open(sys.argv[1]))['model_type'] in EAGLE3_TARGETS)" "$dir/config.json")  # llama.cpp's graph gives layer inputs
         if [ "$fits" = True ]; then
