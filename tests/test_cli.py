@@ -1,6 +1,7 @@
 """The command line: JSON output, equality with transformers, and one-line errors for bad input."""
 
 import json
+import re
 import shutil
 from pathlib import Path
 
@@ -43,7 +44,9 @@ def test_models_lists_the_bundled_models():
     assert code == 0
     assert "smollm2-135m-instruct" in out and "qwen2.5-coder-1.5b-instruct" in out and " MB" in out
     rows = {line.split()[0]: line for line in out.splitlines()}  # the heads shipped for each model
-    assert " eagle1+medusa " in rows["smollm2-135m-instruct"] and " no head " in rows["qwen2.5-coder-1.5b-instruct"]
+    # (an EAGLE-3 head built in this checkout by benchmarks/recipes/train_eagle3.sh is listed too)
+    assert re.search(r" eagle1(\+eagle3)?\+medusa ", rows["smollm2-135m-instruct"])
+    assert " no head " in rows["qwen2.5-coder-1.5b-instruct"]
 
 
 @pytest.fixture

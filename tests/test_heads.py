@@ -11,10 +11,10 @@ from conftest import drafted
 from safetensors import safe_open
 
 from eaglespec.decoding.drafters.eagle import EagleProposer
+from eaglespec.decoding.model import Model
 from eaglespec.decoding.sampling import Draws, SamplingParams
 from eaglespec.decoding.tree import parse_tree
 from eaglespec.errors import InvalidArgumentError
-from eaglespec.decoding.model import Model
 from eaglespec.heads import checkpoint
 from eaglespec.heads.checkpoint import HeadMismatchError, load_head, resolve_head, save_head, shipped_heads, shipped_kinds
 from eaglespec.heads.export import export_head
@@ -129,9 +129,15 @@ def test_every_objective_and_head_type_trains_saves_and_loads(tiny4, features, t
     assert saved["intermediate_size"] == head.layers[0].mlp.down.weight.shape[1] == (width or 64)
     if width:
         export_head(str(tmp_path / "run" / "head"), tiny4, "vllm", tmp_path / "vllm")
+        assert json.loads((tmp_path / "vllm" / "config.json").read_text())["intermediate_size"] == width
+        assert load_head(str(tmp_path / "vllm"), tiny4).layers[0].mlp.down.weight.shape[1] == width
         model, prompt = Model(tiny4, head), "Count from 3."
         assert model.generate(prompt, method="eagle", max_new_tokens=24).token_ids == \
             model.generate(prompt, method="vanilla", max_new_tokens=24).token_ids
+        # a run continued from the head keeps its width
+        train(replace(config, out=str(tmp_path / "more"), init=str(tmp_path / "run" / "head"), intermediate_size=0,
+                      draft_vocab=0), log=lambda m: None)
+        assert load_head(str(tmp_path / "more" / "head"), tiny4).layers[0].mlp.down.weight.shape[1] == width
 
 
 def test_eagle3_checkpoint_has_the_engine_layout(tiny4, tmp_path):
@@ -165,11 +171,13 @@ def test_eagle3_checkpoint_has_the_engine_layout(tiny4, tmp_path):
 
 
 def test_the_shipped_eagle3_head_is_named_eagle3(tiny4, tmp_path, monkeypatch):
-    """Model a ships an EAGLE-1 default and an EAGLE-3 head beside it, model b an EAGLE-3 default."""
+    """Model a ships an EAGLE-1 default and an EAGLE-3 head beside it, model b an EAGLE-3 default
+    (and an older EAGLE-3 head beside it, built locally, which the default overrides)."""
     eagle1, eagle3 = heads(tiny4)
     monkeypatch.setattr(checkpoint, "SHIPPED", tmp_path)
     (tmp_path / "eagle3").mkdir()
-    for head, folder in ((eagle1, tmp_path / "a"), (eagle3, tmp_path / "eagle3" / "a"), (eagle3, tmp_path / "b")):
+    for head, folder in ((eagle1, tmp_path / "a"), (eagle3, tmp_path / "eagle3" / "a"), (eagle3, tmp_path / "b"),
+                         (eagle3, tmp_path / "eagle3" / "b")):
         save_head(head, folder, folder.name)
     assert shipped_kinds("a") == ["eagle1", "eagle3"] and shipped_kinds("b") == ["eagle3"] and shipped_kinds("c") == []
     assert resolve_head("default", "a") == tmp_path / "a" and resolve_head("eagle3", "a") == tmp_path / "eagle3" / "a"

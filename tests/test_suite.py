@@ -6,9 +6,10 @@ import re
 import pytest
 from click.testing import CliRunner
 
-from eaglespec.bench.suite import Suite
+from eaglespec.bench.suite import Suite, _available
 from eaglespec.cli import main
 from eaglespec.errors import InvalidArgumentError
+from eaglespec.heads import checkpoint
 
 
 def suite_file(tmp_path, text: str):
@@ -66,6 +67,20 @@ creates = "counted.json"
     assert (out / "tiny-mt-bench-t0.json").stat().st_mtime_ns == stamp
     summary = (out / "summary.md").read_text()
     assert summary.count("| mt-bench | 0 |") == 1 and summary.count("| mt-bench | 1 |") == 1
+
+
+def test_a_run_leaves_out_the_methods_whose_shipped_head_is_missing(tmp_path, monkeypatch):
+    """Model a ships an EAGLE-1 head and nothing else (`head` and `medusa_head` as a run names them)."""
+    monkeypatch.setattr(checkpoint, "SHIPPED", tmp_path)
+    (tmp_path / "a").mkdir()
+    (tmp_path / "a" / "config.json").write_text(json.dumps({"architectures": ["LlamaForCausalLM"]}))
+    run = {"model": "a"}
+    assert _available("eagle", run) and _available("pld", run) and not _available("medusa", run)
+    assert not _available("eagle", run | {"head": "eagle3"}) and not _available("hybrid", run | {"head": "eagle3"})
+    assert _available("eagle", run | {"head": "some/folder"})  # a folder is the bench's to check
+    (tmp_path / "eagle3" / "a").mkdir(parents=True)
+    (tmp_path / "eagle3" / "a" / "config.json").write_text(json.dumps({"architectures": ["LlamaForCausalLMEagle3"]}))
+    assert _available("eagle", run | {"head": "eagle3"})
 
 
 @pytest.mark.parametrize("text, message", [

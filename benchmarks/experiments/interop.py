@@ -11,7 +11,7 @@ llama.cpp (its own programs; EAGLE-3 heads only: `--format llama.cpp`, a GGUF by
 A Medusa head (`--medusa`, vLLM only) drafts there a chain of its first K heads' top tokens; ours
 drafts `medusa:K` (the K likeliest nodes of its tree), so their taus are not the same measure.
 
-    .venv/bin/python benchmarks/experiments/interop.py MODEL [--engine vllm|eagle-llm|llama.cpp] [--head DIR | --medusa DIR|default] [--k 3]
+    .venv/bin/python benchmarks/experiments/interop.py MODEL [--engine vllm|eagle-llm|llama.cpp] [--head DIR|default|eagle3 | --medusa DIR|default] [--k 3]
     → benchmarks/results/interop/ENGINE-MODEL.json (-eagle3.json / -medusa.json for those heads in vLLM)
 """
 

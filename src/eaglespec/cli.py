@@ -15,7 +15,9 @@ from eaglespec.models.registry import BUNDLED, DATASETS, DEFAULT_MODEL, DRAFT_MO
 from eaglespec.training.config import TrainConfig
 
 HEAD_HELP = ("EAGLE head: a folder (from `eaglespec train`, or an engine's layout), 'default' (the one we ship for "
-             "the model, where there is one) or 'eagle3' (the EAGLE-3 one we ship, which every engine loads).")
+             "the model, where there is one) or 'eagle3' (its EAGLE-3 head, where one is shipped or built by "
+             "benchmarks/recipes/train_eagle3.sh: the type vLLM, SGLang and llama.cpp all load).")
+
 
 class Group(click.Group):
     """Print our errors as one line, without a traceback, and exit 1."""

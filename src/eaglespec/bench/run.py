@@ -53,7 +53,7 @@ PARTS = ("prefill", "draft", "verify", "other")  # where a generation's time goe
 
 
 def eagle3_gguf(head_spec: str, target) -> Path:
-    """An EAGLE-3 head (a folder or "default") for a loaded target as llama.cpp's GGUF, kept in the
+    """An EAGLE-3 head (a folder, "default" or "eagle3") for a loaded target as llama.cpp's GGUF, kept in the
     cache under its content's hash for the server to read."""
     cache = cache_root() / "llama.cpp" / "gguf"
     cache.mkdir(parents=True, exist_ok=True)

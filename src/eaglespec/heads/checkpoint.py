@@ -90,15 +90,14 @@ def save_head(head: DraftHead, folder: Path, target_name: str, info: dict | None
 def shipped_head(target_name: str, kind: str = "eagle") -> Path | None:
     """The folder of the head of a kind we ship for a model, if there is one (a model given as a path
     has none). Kinds: "eagle" (the default EAGLE head, shipped/MODEL), "eagle3" (the EAGLE-3 head:
-    shipped/eagle3/MODEL beside an EAGLE-1 default, or the default itself) and "medusa" (shipped/medusa/MODEL)."""
-    root = SHIPPED / kind if kind in ("eagle3", "medusa") else SHIPPED
-    folder = root / target_name
-    if folder.parent == root and (folder / "config.json").is_file():
-        return folder
+    the default where it is one, else shipped/eagle3/MODEL beside an EAGLE-1 default) and "medusa"
+    (shipped/medusa/MODEL)."""
     default = shipped_head(target_name) if kind == "eagle3" else None
     if default is not None and head_type_of(json.loads((default / "config.json").read_text())) == "eagle3":
         return default
-    return None
+    root = SHIPPED / kind if kind in ("eagle3", "medusa") else SHIPPED
+    folder = root / target_name
+    return folder if folder.parent == root and (folder / "config.json").is_file() else None
 
 
 def shipped_kinds(target_name: str) -> list[str]:

@@ -253,7 +253,7 @@ def engine_files(head, target: Target, fmt: str) -> tuple[dict, dict[str, torch.
 
 
 def export_head(head_spec: str, target: Target, fmt: str, out: Path, force: bool = False) -> list[str]:
-    """Write the head `head_spec` (a folder or "default") for `target` in format `fmt` to `out`
+    """Write the head `head_spec` (a folder, "default" or "eagle3") for `target` in format `fmt` to `out`
     (atomically); returns what to tell the user: the folder and how to serve it."""
     check_format(fmt)
     check_out(out, force)

@@ -84,8 +84,9 @@ class TrainConfig:
                                   "(0: full; with --init HEAD, 0 keeps the head's and N picks an EAGLE-1 or Medusa "
                                   "head's anew).")
     num_layers: int = setting(1, "Decoder layers of an EAGLE-1 head.", "--layers")
-    intermediate_size: int = setting(0, "MLP width of an EAGLE head's decoder layer (0: the target's; a narrower "
-                                        "head is smaller to ship and quicker to draft).")
+    intermediate_size: int = setting(0, "MLP width of an EAGLE head's decoder layer (0: the target's, or with "
+                                        "--init HEAD the head's; a narrower head is smaller to ship and quicker to "
+                                        "draft).")
     input_variant: str = setting("feature+shifted-token", "What an EAGLE-1 head reads (the paper's Fig. 8 ablation).",
                                  choices=("feature+shifted-token", "feature+unshifted-token", "feature", "token"))
     init: str = setting("random", "random, target-last-layer (EAGLE-1; EAGLE-3 heads always start their LM head "

@@ -238,7 +238,7 @@ class Run:
                 head.load_state_dict(start.state_dict())
             except RuntimeError:
                 raise InvalidArgumentError(f"the head at {config.init} has other shapes or layers than this run's "
-                                           "head (--layers, --aux-layers): make them agree") from None
+                                           "head (--layers, --aux-layers, --intermediate-size): make them agree") from None
         elif config.init == "target-last-layer" or config.head_type == "eagle3":
             head.init_from_target(target.model)
         return head
