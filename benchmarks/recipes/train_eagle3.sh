@@ -15,8 +15,8 @@
 # interruption (a finished run returns at once); another BUDGET
 # is another run, in its own folder, from the start (the features are shared). Its config, eval and
 # curves go to benchmarks/results/heads/eagle3-MODEL/. Qwen's head has half its target's MLP width (2,432): with
-# its own LM head over the draft vocabulary it is 38 MB in bf16, which fits the tracked tree's 100 MiB in place
-# of the EAGLE-1 head; at full size with 16,384 draft tokens it would be 66 MB.
+# its own LM head over the draft vocabulary it is 38 MB in bf16, which could be committed within the tracked tree's
+# 100 MiB in place of the EAGLE-1 head; at full size with 16,384 draft tokens it would be 66 MB.
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 MODEL=${1:?usage: train_eagle3.sh MODEL}

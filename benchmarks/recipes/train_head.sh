@@ -1,5 +1,7 @@
 #!/usr/bin/env bash
-# The exact commands behind a shipped head (src/eaglespec/heads/shipped/MODEL):
+# The exact commands behind the starting heads (stretch 0 of benchmarks/recipes/program.py, whose stretches
+# made the committed SmolLM2 and Qwen-0.5B heads from them) and behind the 1.5B's head. It replaces
+# src/eaglespec/heads/shipped/MODEL:
 #     bash benchmarks/recipes/train_head.sh smollm2-135m-instruct
 #     bash benchmarks/recipes/train_head.sh qwen2.5-coder-0.5b-instruct
 #     bash benchmarks/recipes/train_head.sh qwen2.5-coder-1.5b-instruct   (not committed: 103 MB; this rebuilds it
