@@ -13,7 +13,7 @@
 # whose cost was not recorded: 1,200 conversations, 3 epochs). Resumable where its cache survives
 # (features and checkpoints are in ~/.cache/eaglespec): run it again with the same BUDGET after an
 # interruption (a finished run returns at once); another BUDGET
-# is another run, in its own folder, from the start (the features are shared). Its config, eval and
+# is another run, in its own folder, from the start (the features are shared). Its config, evals and
 # curves go to benchmarks/results/heads/eagle3-MODEL/. Qwen's head has half its target's MLP width (2,432): with
 # its own LM head over the draft vocabulary it is 38 MB in bf16, which could be committed within the tracked tree's
 # 100 MiB in place of the EAGLE-1 head; at full size with 16,384 draft tokens it would be 66 MB.
@@ -44,7 +44,14 @@ $E train --model "$MODEL" --train-features "$F/eagle3-$MODEL-mixed" --heldout-fe
     --warmup-steps 20 --batch 8 --epochs 100 --budget-minutes "$BUDGET" --eval-limit 20 --checkpoint-every 10 --threads 2
 H=src/eaglespec/heads/shipped/eagle3/$MODEL
 rm -rf "$H" && mkdir -p "$H" && cp "$RUN/head/config.json" "$RUN/head/model.safetensors" "$RUN/curves.png" "$H/"
-$E eval-head --model "$MODEL" --head "$H" --limit 50 --data "data/regenerated/$MODEL-heldout" --answer-tokens 128 \
-    --dtype float32 --threads 2 --json | tee "$H/eval.json"
+# scored as the program scores the EAGLE-1 heads (fp32, 50 held-out conversations): human answers (eval.json, as
+# theirs), the target's own answers, and their first 128 tokens
+score() {  # score FILE OPTIONS...: written whole or not at all
+    $E eval-head --model "$MODEL" --head "$H" --limit 50 --dtype float32 --threads 2 --json "${@:2}" > "$1.tmp"
+    mv "$1.tmp" "$1"
+}
+score "$H/eval.json" --data sharegpt
+score "$H/eval-own.json" --data "data/regenerated/$MODEL-heldout"
+score "$H/eval-own-first128.json" --data "data/regenerated/$MODEL-heldout" --answer-tokens 128
 R=benchmarks/results/heads/eagle3-$MODEL
-mkdir -p "$R" && cp "$H/config.json" "$H/eval.json" "$H/curves.png" "$R/"
+mkdir -p "$R" && cp "$H"/config.json "$H"/eval*.json "$H"/curves.png "$R/"
