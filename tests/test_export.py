@@ -170,6 +170,8 @@ def test_the_export_command(tmp_path):
     out = tmp_path / "sglang-head"
     result = CliRunner().invoke(main, ["export", "--format", "nope", "--out", str(out)])
     assert result.exit_code == 1 and "unknown export format 'nope'" in result.output and not out.exists()
+    result = CliRunner().invoke(main, ["export", "--format", "sglang", "--dtype", "float32", "--out", str(out)])
+    assert result.exit_code == 1 and "--dtype sets llama.cpp's GGUF" in result.output and not out.exists()
     result = CliRunner().invoke(main, ["export", "--format", "sglang", "--out", str(out)])
     assert result.exit_code == 0, result.output
     assert "--speculative-algorithm EAGLE" in result.output and "--speculative-token-map" in result.output

@@ -89,7 +89,11 @@ def test_specforge_eagle3_heads_load_draft_and_export(family, tmp_path, sentence
         assert all(torch.equal(a, head_tensors(head)[k]) for k, a in head_tensors(back).items()), fmt
         assert torch.equal(back.to_target(torch.arange(DRAFT)), head.to_target(torch.arange(DRAFT)))
         assert back.reads == head.reads
-        if fmt == "llama.cpp":  # its metadata is llama.cpp's, not a config.json
+        if fmt == "llama.cpp":  # its metadata is llama.cpp's, not a config.json; its matrices bf16 unless asked f32
+            export_head(str(tmp_path / "specforge"), target, fmt, tmp_path / "f32", gguf_dtype="float32")
+            assert gguf_types(out) == {"BF16", "F32"} and gguf_types(tmp_path / "f32") == {"F32"}
+            assert all(torch.equal(a, head_tensors(head)[k]) for k, a in head_tensors(load_head(str(tmp_path / "f32"),
+                                                                                             target)).items())
             continue
         config = json.loads((out / "config.json").read_text())
         layer = config.get("transformer_layer_config", config)  # speculators nests the layer's config
@@ -97,6 +101,13 @@ def test_specforge_eagle3_heads_load_draft_and_export(family, tmp_path, sentence
         if family == "llama3-rope":
             assert layer["rope_parameters"]["rope_type"] == layer["rope_scaling"]["rope_type"] == "llama3"
             assert layer["rope_scaling"]["original_max_position_embeddings"] == 32
+
+
+def gguf_types(folder) -> set[str]:
+    """The types of the head GGUF's float tensors (its d2t table is I64)."""
+    from gguf import GGUFReader
+
+    return {t.tensor_type.name for t in GGUFReader(folder / LLAMA_CPP_FILE).tensors} - {"I64"}
 
 
 def clear_prompts(hf, n: int, length: int, margin: float = 1e-3) -> list[list[int]]:
@@ -122,8 +133,8 @@ def clear_prompts(hf, n: int, length: int, margin: float = 1e-3) -> list[list[in
 @pytest.mark.parametrize("family", ["qwen3", "llama3-rope"])
 def test_specforge_eagle3_heads_draft_in_llama_cpp(family, sentencepiece_model, tmp_path):
     """The SpecForge head exported `--format llama.cpp` (llama.cpp's converter on the vLLM layout)
-    drafts in llama-server (`draft-eagle3`, a chain of 3) beside the target's GGUF (llama.cpp's
-    converter too, f32); llama.cpp's tokens with it, its tokens without it, ours without and ours with
+    drafts in llama-server (`draft-eagle3`, a chain of 3; the head's GGUF f32 too) beside the target's
+    GGUF (llama.cpp's converter too, f32); llama.cpp's tokens with it, its tokens without it, ours without and ours with
     the same head are one sequence, and llama.cpp accepts as many of the head's drafts as we do: the
     converted head computes what ours does (the random head's drafts are seldom right, but some are).
     The prompts avoid near-ties, where llama.cpp's f32 sums may round the other way."""
@@ -135,7 +146,7 @@ def test_specforge_eagle3_heads_draft_in_llama_cpp(family, sentencepiece_model, 
     convert_hf(tmp_path / "target", tmp_path / "target.gguf")
     target = load_target(str(tmp_path / "target"), dtype=torch.float32)
     specforge_head(target, tmp_path / "specforge", aux_at_top=family == "qwen3")
-    export_head(str(tmp_path / "specforge"), target, "llama.cpp", tmp_path / "llama.cpp")
+    export_head(str(tmp_path / "specforge"), target, "llama.cpp", tmp_path / "llama.cpp", gguf_dtype="float32")
     prompts = clear_prompts(hf, 2, 24)
     ours = [generate(target, p, max_new_tokens=24).token_ids for p in prompts]
     assert [len(tokens) for tokens in ours] == [24, 24]

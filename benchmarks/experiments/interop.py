@@ -82,14 +82,15 @@ def main() -> None:
                for item in load_items("mt-bench", args.prompts)]
     runs = {}
     with tempfile.TemporaryDirectory() as tmp:
-        head_dir = Path(tmp) / "head"
         source = str(resolve_head(args.medusa, args.model, "medusa")) if args.medusa else args.head
-        export_head(source, target, engine["format"], head_dir)
+        for dtype in engine["dtypes"]:  # llama.cpp's GGUF in each run's dtype (the other formats: bf16 in both)
+            export_head(source, target, engine["format"], Path(tmp) / dtype, gguf_dtype=dtype)
         head_kind = head_type_of(read_head(resolve_head(source, args.model))[0])
         del target
-        common = {"model": args.model, "target": str(resolve(args.model)), "head": str(head_dir), "prompts": prompts,
+        common = {"model": args.model, "target": str(resolve(args.model)), "prompts": prompts,
                   "max_new_tokens": args.max_new_tokens, "k": args.k, "method": {"eagle1": "eagle"}.get(head_kind, head_kind)}
         for dtype in engine["dtypes"]:
+            common["head"] = str(Path(tmp) / dtype)
             runs[dtype] = (run_engine(engine, common | {"dtype": dtype, "vanilla": True}),
                            run_engine(engine, common | {"dtype": dtype}))
 

@@ -472,7 +472,11 @@ def eval_head(model_spec, head_spec, limit, data, answer_tokens, depth, dtype, t
                    "llama.cpp (EAGLE-3 heads, a GGUF by llama.cpp's converter: scripts/setup_llamacpp.sh).")
 @click.option("--out", required=True, help="Folder to write (refused if it exists and is not empty).")
 @click.option("--force", is_flag=True, help="Replace --out if it exists.")
-def export(model_spec: str, head_spec: str, medusa_spec: str | None, fmt: str, out: str, force: bool) -> None:
+@click.option("--dtype", type=click.Choice(["bfloat16", "float32"]), default=None,
+              help="llama.cpp's GGUF: bfloat16 (the default: the head's weights exactly, and llama.cpp's fastest "
+                   "drafting) or float32 (llama.cpp drafts in f32, as our fp32 engine does).")
+def export(model_spec: str, head_spec: str, medusa_spec: str | None, fmt: str, out: str, force: bool,
+           dtype: str | None) -> None:
     """Write a head in the layout a serving engine loads (vLLM, SGLang, llama.cpp, the official EAGLE runtime)."""
     from pathlib import Path
 
@@ -482,12 +486,14 @@ def export(model_spec: str, head_spec: str, medusa_spec: str | None, fmt: str, o
 
     check_format(fmt)  # bad input fails before the model loads
     check_out(Path(out), force)
+    if dtype is not None and fmt != "llama.cpp":
+        raise InvalidArgumentError(f"--dtype sets llama.cpp's GGUF; the {fmt} format keeps the head's bf16 weights")
     if medusa_spec is not None and head_spec != "default":
         raise InvalidArgumentError("give --head or --medusa-head, not both")
     target = load_target(model_spec, "float32")
     if medusa_spec is not None:
         head_spec = str(resolve_head(medusa_spec, target.name, "medusa"))
-    for line in export_head(head_spec, target, fmt, Path(out), force):
+    for line in export_head(head_spec, target, fmt, Path(out), force, gguf_dtype=dtype or "bfloat16"):
         click.echo(line)
 
 

@@ -53,12 +53,13 @@ PARTS = ("prefill", "draft", "verify", "other")  # where a generation's time goe
 
 
 def eagle3_gguf(head_spec: str, target) -> Path:
-    """An EAGLE-3 head (a folder, "default" or "eagle3") for a loaded target as llama.cpp's GGUF, kept in the
-    cache under its content's hash for the server to read."""
+    """An EAGLE-3 head (a folder, "default" or "eagle3") for a loaded target as llama.cpp's GGUF, in the
+    target's dtype (bf16 or f32), kept in the cache under its content's hash for the server to read."""
     cache = cache_root() / "llama.cpp" / "gguf"
     cache.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(dir=cache) as tmp:  # beside the cache: the rename stays on one disk
-        export_head(head_spec, target, "llama.cpp", Path(tmp) / "head")
+        dtype = "float32" if target.model.weight_like.dtype == torch.float32 else "bfloat16"
+        export_head(head_spec, target, "llama.cpp", Path(tmp) / "head", gguf_dtype=dtype)
         made = Path(tmp) / "head" / LLAMA_CPP_FILE
         out = cache / f"eagle3-{hashlib.sha256(made.read_bytes()).hexdigest()[:16]}.gguf"
         os.replace(made, out)

@@ -252,9 +252,11 @@ def engine_files(head, target: Target, fmt: str) -> tuple[dict, dict[str, torch.
     return config, tensors, token_map
 
 
-def export_head(head_spec: str, target: Target, fmt: str, out: Path, force: bool = False) -> list[str]:
+def export_head(head_spec: str, target: Target, fmt: str, out: Path, force: bool = False,
+                gguf_dtype: str = "bfloat16") -> list[str]:
     """Write the head `head_spec` (a folder, "default" or "eagle3") for `target` in format `fmt` to `out`
-    (atomically); returns what to tell the user: the folder and how to serve it."""
+    (atomically); returns what to tell the user: the folder and how to serve it. `gguf_dtype`:
+    llama.cpp's GGUF in bfloat16 or float32 (`convert_eagle3`; the other formats keep the head's bf16)."""
     check_format(fmt)
     check_out(out, force)
     head = load_head(head_spec, target)
@@ -269,7 +271,7 @@ def export_head(head_spec: str, target: Target, fmt: str, out: Path, force: bool
             (layout / "config.json").write_text(json.dumps(config, indent=2) + "\n")
             save_file({k: v.contiguous() for k, v in tensors.items()}, str(layout / "model.safetensors"),
                       metadata={"format": "pt"})
-            convert_eagle3(layout, Path(target.folder), tmp / LLAMA_CPP_FILE)
+            convert_eagle3(layout, Path(target.folder), tmp / LLAMA_CPP_FILE, gguf_dtype)
             shutil.rmtree(layout)
 
         write_folder(Path(out), fill)

@@ -119,12 +119,12 @@ def source() -> Path:
     return folder
 
 
-def convert_hf(folder: Path, out: Path, *options: str) -> None:
-    """llama.cpp's own converter (convert_hf_to_gguf.py) on a Hugging Face folder, to an f32 GGUF
-    (every value exactly; bf16 ones too) at `out`."""
+def convert_hf(folder: Path, out: Path, *options: str, outtype: str = "f32") -> None:
+    """llama.cpp's own converter (convert_hf_to_gguf.py) on a Hugging Face folder, to a GGUF at `out`:
+    f32 (every value exactly; bf16 ones too) or bf16 (bf16 values exactly)."""
     src = source()
     command = [sys.executable, str(src / "convert_hf_to_gguf.py"), str(folder), "--outfile", str(out),
-               "--outtype", "f32", *options]
+               "--outtype", outtype, *options]
     env = os.environ | {"PYTHONPATH": os.pathsep.join([str(src / "gguf-py"), os.environ.get("PYTHONPATH", "")])}
     done = subprocess.run(command, capture_output=True, text=True, env=env)
     if done.returncode != 0:
@@ -132,10 +132,12 @@ def convert_hf(folder: Path, out: Path, *options: str) -> None:
                                    f"{(done.stderr.strip().splitlines() or ['?'])[-1]}")
 
 
-def convert_eagle3(layout: Path, target_folder: Path, out: Path) -> None:
+def convert_eagle3(layout: Path, target_folder: Path, out: Path, dtype: str = "bfloat16") -> None:
     """An EAGLE-3 head in vLLM's layout, with the target's config and tokenizer
-    (`--target-model-dir`), to the GGUF that draft-eagle3 loads."""
-    convert_hf(layout, out, "--target-model-dir", str(target_folder))
+    (`--target-model-dir`), to the GGUF that draft-eagle3 loads: bf16 (our heads' weights exactly,
+    and what llama.cpp drafts fastest with) or, with dtype float32, f32 (llama.cpp then drafts in
+    f32, as our fp32 engine does, instead of rounding the draft's activations to bf16)."""
+    convert_hf(layout, out, "--target-model-dir", str(target_folder), outtype="f32" if dtype == "float32" else "bf16")
 
 
 class LlamaServer:
