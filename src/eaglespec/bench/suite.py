@@ -74,9 +74,8 @@ def _available(method: str, options: dict) -> bool:
     need = None if method in EXTERNAL else method_needs(method)
     medusa = need is Artefact.MEDUSA_HEAD
     spec = options.get("medusa_head" if medusa else "head", "default")
-    if need in (Artefact.EAGLE_HEAD, Artefact.MEDUSA_HEAD) and spec in ("default", "eagle3") and \
-            not (medusa and spec == "eagle3"):
-        kind = "medusa" if medusa else "eagle3" if spec == "eagle3" else "eagle"
+    kind = "medusa" if medusa else "eagle3" if spec == "eagle3" else "eagle"
+    if need in (Artefact.EAGLE_HEAD, Artefact.MEDUSA_HEAD) and (spec == "default" or kind == "eagle3"):
         return shipped_head(options["model"], kind) is not None
     return True
 

@@ -70,10 +70,10 @@ def load(model: str = DEFAULT_MODEL, head: str | None = "default", dtype: str = 
          medusa_head: str | None = None) -> Model:
     """Load a target (bundled name, Hugging Face folder or .gguf), an EAGLE head for it
     ('default': the one we ship for the model, where there is one, else none; 'eagle3': the
-    EAGLE-3 one we ship; a folder from `eaglespec train`; None: no head), optionally a smaller draft model with the same tokenizer
-    for classic speculative sampling, and optionally a Medusa head (a folder, or 'default': the
-    one we ship) for `medusa`. `weights` int8 / int4 runs the target's matrices
-    quantized (CPU). Generation uses EAGLE where a head is loaded, else vanilla decoding."""
+    EAGLE-3 one we ship; a folder from `eaglespec train`; None: no head), optionally a smaller
+    draft model with the same tokenizer for classic speculative sampling, and optionally a Medusa
+    head (a folder, or 'default': the one we ship) for `medusa`. `weights` int8 / int4 runs the
+    target's matrices quantized (CPU). Generation uses EAGLE where a head is loaded, else vanilla decoding."""
     target = load_target(model, dtype, device, weights)
     if head == "default" and shipped_head(target.name) is None:
         head = None

@@ -93,17 +93,22 @@ def shipped_head(target_name: str, kind: str = "eagle") -> Path | None:
     the default where it is one, else shipped/eagle3/MODEL beside an EAGLE-1 default) and "medusa"
     (shipped/medusa/MODEL)."""
     default = shipped_head(target_name) if kind == "eagle3" else None
-    if default is not None and head_type_of(json.loads((default / "config.json").read_text())) == "eagle3":
+    if default is not None and _type_of(default) == "eagle3":
         return default
     root = SHIPPED / kind if kind in ("eagle3", "medusa") else SHIPPED
     folder = root / target_name
     return folder if folder.parent == root and (folder / "config.json").is_file() else None
 
 
+def _type_of(folder: Path) -> str:
+    """A shipped head's type, from its config.json (ours, as `save_head` writes it)."""
+    return head_type_of(json.loads((folder / "config.json").read_text()))
+
+
 def shipped_kinds(target_name: str) -> list[str]:
     """The head types we ship for a model, the default EAGLE head's first: eagle1 or eagle3, then medusa."""
     default = shipped_head(target_name)
-    kinds = [head_type_of(json.loads((default / "config.json").read_text()))] if default else []
+    kinds = [_type_of(default)] if default else []
     if "eagle3" not in kinds and shipped_head(target_name, "eagle3"):
         kinds.append("eagle3")
     return kinds + (["medusa"] if shipped_head(target_name, "medusa") else [])

@@ -69,5 +69,6 @@ class ModelConfig:
         and global RoPE with Llama's layer (the layer EAGLE heads have for every target family, as in
         the engines' head layouts)."""
         return replace(self, intermediate_size=intermediate_size or self.intermediate_size,
-                       sliding_window=self.sliding_window if self.window_layers is None else None, window_layers=None, local_rope_theta=None, rotary_dim=None, qk_norm=False, sandwich_norms=False,
-                       activation="silu", embed_scale=False, attn_scale=None, logit_softcap=None, moe=None)
+                       sliding_window=self.sliding_window if self.window_layers is None else None, window_layers=None,
+                       local_rope_theta=None, rotary_dim=None, qk_norm=False, sandwich_norms=False, activation="silu",
+                       embed_scale=False, attn_scale=None, logit_softcap=None, moe=None)
