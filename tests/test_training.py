@@ -4,6 +4,7 @@ import errno
 import gzip
 import json
 import os
+import shutil
 import subprocess
 import sys
 from dataclasses import replace
@@ -207,6 +208,27 @@ def test_ctrl_c_during_the_epoch_evaluation_evaluates_again_on_resume(cfg, monke
     assert head["evals"] == whole.evals and head["train_seconds"] >= 0
     assert head["train_conversations"] == len(FeatureSet(cfg("ctrl-c").train_dir))
     assert head["feature_seconds"] > 0 and head["eval_seconds"][-1] <= head["train_seconds"] + 1  # extraction timed
+
+
+def test_a_light_checkpoint_resumes_a_run_whose_folder_is_lost(cfg, tmp_path):
+    whole = train(cfg("whole"), log=lambda m: None)
+    light = tmp_path / "kept" / "run.pt"
+    train(cfg("lost", max_steps=3, light_checkpoint=str(light)), log=lambda m: None)
+    kept, full = torch.load(light, weights_only=False), Path(cfg("lost").out) / "checkpoint.pt"
+    assert kept["optimizer"] is None and kept["state"]["step"] == 3 and kept["state"]["restarted"] == 3
+    assert {v.dtype for v in kept["head"].values() if v.is_floating_point()} == {torch.bfloat16}
+    assert light.stat().st_size < full.stat().st_size / 2
+    shutil.rmtree(cfg("lost").out)
+    logs = []
+    resumed = train(cfg("lost", light_checkpoint=str(light)), log=logs.append)
+    assert "from the light checkpoint" in logs[0]
+    assert resumed.history[:3] == whole.history[:3] and resumed.step == whole.step
+    assert resumed.history[3]["lr"] == pytest.approx(1e-3 * 0.5)  # warming up again (2 steps)
+    assert resumed.history[4]["lr"] == pytest.approx(whole.history[4]["lr"])  # then the run's schedule
+    assert resumed.history[3]["loss"] == pytest.approx(whole.history[3]["loss"], rel=0.05)  # from bf16 weights
+    assert len(resumed.evals) == len(whole.evals)
+    with pytest.raises(InvalidArgumentError, match="made with other settings"):
+        train(cfg("other", lr=2e-3, light_checkpoint=str(light)), log=lambda m: None)
 
 
 @pytest.mark.parametrize("variant", INPUT_VARIANTS)

@@ -10,11 +10,12 @@
 # decays to 0 at it), so that with its extraction each head costs at least its EAGLE-1 head's CPU hours:
 # SmolLM2 780 (13.5 hours behind the shipped head; about 13 hours of a 2-core machine, with 2.97M
 # tokens to extract first), Qwen2.5-Coder-0.5B 420 (the program's 4.55 hours after a starting head
-# whose cost was not recorded: 1,200 conversations, 3 epochs). Resumable where its cache survives
-# (features and checkpoints are in ~/.cache/eaglespec): run it again with the same BUDGET after an
-# interruption (a finished run returns at once); another BUDGET
-# is another run, in its own folder, from the start (the features are shared). Its config, evals and
-# curves go to benchmarks/results/heads/eagle3-MODEL/. Qwen's head has half its target's MLP width (2,432): with
+# whose cost was not recorded: 1,200 conversations, 3 epochs). Resumable: run it again with the same
+# BUDGET after an interruption (a finished run returns at once); another BUDGET is another run, in its own
+# folder, from the start (the features are shared). Features and checkpoints are in ~/.cache/eaglespec; where
+# that cache is lost with its machine, the features are extracted again and the training resumes from its light
+# checkpoint (benchmarks/recipes/checkpoints/, the head in bf16: commit it at the end of each stretch). Its
+# config, evals and curves go to benchmarks/results/heads/eagle3-MODEL/. Qwen's head has half its target's MLP width (2,432): with
 # its own LM head over the draft vocabulary it is 38 MB in bf16, which could be committed within the tracked tree's
 # 100 MiB in place of the EAGLE-1 head; at full size with 16,384 draft tokens it would be 66 MB.
 set -euo pipefail
@@ -41,7 +42,8 @@ $E extract --model "$MODEL" "${DATA[@]}" --split train --aux-layers eagle3 --dty
     --out "$F/eagle3-$MODEL-mixed"
 $E train --model "$MODEL" --train-features "$F/eagle3-$MODEL-mixed" --heldout-features "$F/eagle3-$MODEL-heldout" \
     --out "$RUN" --head-type eagle3 --loss ce --unroll 3 --draft-vocab "$VOCAB" --intermediate-size "$WIDTH" --lr 5e-4 \
-    --warmup-steps 20 --batch 8 --epochs 100 --budget-minutes "$BUDGET" --eval-limit 20 --checkpoint-every 10 --threads 2
+    --warmup-steps 20 --batch 8 --epochs 100 --budget-minutes "$BUDGET" --eval-limit 20 --checkpoint-every 10 --threads 2 \
+    --light-checkpoint "benchmarks/recipes/checkpoints/eagle3-$MODEL-${BUDGET}min.pt"
 H=src/eaglespec/heads/shipped/eagle3/$MODEL
 rm -rf "$H" && mkdir -p "$H" && cp "$RUN/head/config.json" "$RUN/head/model.safetensors" "$RUN/curves.png" "$H/"
 # scored as the program scores the EAGLE-1 heads (fp32, 50 held-out conversations): human answers (eval.json, as

@@ -94,6 +94,10 @@ class TrainConfig:
                                   "--draft-vocab N, its draft vocabulary; a fresh optimizer and schedule).")
     device: str = setting("cpu", "cpu or cuda (under torchrun: each process its LOCAL_RANK's GPU).")
     checkpoint_every: int = setting(50, "Steps between checkpoints.")
+    light_checkpoint: str | None = setting(None, "Also keep each checkpoint here in small (the head in bf16, no "
+                                                 "optimizer state: a file to commit, so a run outlives its machine); "
+                                                 "a run whose folder has no checkpoint resumes from it, its optimizer "
+                                                 "warming up again.")
     eval_limit: int | None = setting(None, "Held-out conversations scored each epoch (default: all).")
     autocast: bool = setting(True, "bf16 autocast where the device supports it (--no-autocast: fp32).")
     seed: int = setting(0, "Seed of the head's initialization, the batches' order and the noise.")
@@ -162,9 +166,9 @@ class TrainConfig:
         return "\n".join(lines) + "\n"
 
     def same_run(self, other: dict) -> bool:
-        """Equal up to the stopping limits, which may change between stretches of one run (a
-        setting added since `other` was saved counts as its default)."""
-        limits = ("max_minutes", "max_steps")
+        """Equal up to the stopping limits and the light checkpoint's place, which may change between
+        stretches of one run (a setting added since `other` was saved counts as its default)."""
+        limits = ("max_minutes", "max_steps", "light_checkpoint")
         defaults = {f.name: f.default for f in fields(self) if f.default is not MISSING}
         mine = json.loads(json.dumps(asdict(self)))  # tuples as lists, as saved
         theirs = json.loads(json.dumps({**defaults, **other}))

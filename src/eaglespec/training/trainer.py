@@ -8,10 +8,14 @@ step i-1, and its loss weighs `unroll_decay`**i. A Medusa head's steps are its h
 predicts one token further than head i, from the same true feature), weighted the same way. AdamW with warmup then linear decay, gradient
 clipping, bf16 autocast where the device supports it.
 
-A run folder holds `checkpoint.pt` (head, optimizer, scheduler, data position, history), written atomically every N steps, at each epoch end and on Ctrl-C; the same command
-resumes exactly where it stopped. Under torchrun each optimizer step's conversations are split
-over the ranks (DistributedDataParallel, gloo on CPU, nccl on GPU); the loss is normalized by the
-global count of scored tokens, so K processes compute the same update as one.
+A run folder holds `checkpoint.pt` (head, optimizer, scheduler, data position, history), written
+atomically every N steps, at each epoch end and on Ctrl-C; the same command resumes exactly where it
+stopped. A light checkpoint (`light_checkpoint`: the head in bf16, no optimizer state) is a copy small
+enough to commit: a run whose folder is lost resumes from it at the same step, data position and
+budget, with the optimizer's moments started afresh and the warmup run again. Under torchrun each
+optimizer step's conversations are split over the ranks (DistributedDataParallel, gloo on CPU, nccl
+on GPU); the loss is normalized by the global count of scored tokens, so K processes compute the
+same update as one.
 """
 
 from __future__ import annotations
@@ -50,6 +54,7 @@ class State:
     seconds: float = 0.0  # the run's time so far on its clock (CPU time per thread on a CPU), over all its stretches
     evaluating: float = 0.0  # ... of which in held-out evaluations
     finished: bool = False  # the time budget is spent (and its last evaluation done)
+    restarted: int = 0  # the step the optimizer started at (a light checkpoint's): the warmup counts from it
 
 
 def draft_vocabulary(train: FeatureSet, size: int) -> torch.Tensor:
@@ -130,14 +135,6 @@ def answer_weights(mask: torch.Tensor, early_weight: float, early_tokens: int) -
     return torch.where(early, early_weight * weights, weights)
 
 
-def _schedule(config: TrainConfig, total_steps: int):
-    def factor(step: int) -> float:
-        if step < config.warmup_steps:
-            return (step + 1) / config.warmup_steps
-        return max(0.0, (total_steps - step) / max(1, total_steps - config.warmup_steps))
-    return factor
-
-
 def _atomic_save(obj, path: Path) -> None:
     with atomic_path(path) as tmp:
         torch.save(obj, tmp)
@@ -184,9 +181,10 @@ class Run:
         if self.per_epoch == 0:
             raise InvalidArgumentError(f"{len(self.train_set)} conversations make no batch of "
                                        f"{config.batch_conversations}")
-        self.scheduler = torch.optim.lr_scheduler.LambdaLR(self.optimizer,
-                                                           _schedule(config, self.per_epoch * config.epochs))
         self.state = State()
+        total = self.per_epoch * config.epochs  # without a budget the lr decays to 0 at the last epoch's end
+        self.lr_factor = lambda step: min(self.warmup(step), max(0.0, (total - step) / max(1, total - config.warmup_steps)))
+        self.scheduler = torch.optim.lr_scheduler.LambdaLR(self.optimizer, self.lr_factor)
         self.autocast = config.autocast and (self.device.type == "cuda" or torch.ops.mkldnn._is_mkldnn_bf16_supported())
         self.checkpoint = self.out / "checkpoint.pt"
         self._resume()
@@ -244,16 +242,29 @@ class Run:
         return head
 
     def _resume(self) -> None:
-        if not self.checkpoint.is_file():
+        light = self.config.light_checkpoint
+        path = self.checkpoint if self.checkpoint.is_file() or not light or not Path(light).is_file() else Path(light)
+        if not path.is_file():
             return
-        saved = torch.load(self.checkpoint, weights_only=False, map_location=self.device)
+        saved = torch.load(path, weights_only=False, map_location=self.device)
         if not self.config.same_run(saved["config"]):
-            raise InvalidArgumentError(f"{self.checkpoint} was made with other settings: use another --out folder")
-        self.head.load_state_dict(saved["head"])
-        self.optimizer.load_state_dict(saved["optimizer"])
-        self.scheduler.load_state_dict(saved["scheduler"])
+            raise InvalidArgumentError(f"{path} was made with other settings: use another --out folder")
+        self.head.load_state_dict(saved["head"])  # a light checkpoint's bf16 weights into the fp32 head
         self.state = State(**saved["state"])
-        self.log(f"resuming at epoch {self.state.epoch + 1}, step {self.state.step}")
+        self.scheduler.load_state_dict(saved["scheduler"])
+        if saved["optimizer"] is not None:
+            self.optimizer.load_state_dict(saved["optimizer"])
+        else:  # a fresh optimizer: the coming step's lr from the warmup run again
+            for group in self.optimizer.param_groups:
+                group["lr"] = self.config.lr * self.lr_factor(self.state.step)
+        self.log(f"resuming at epoch {self.state.epoch + 1}, step {self.state.step}" + (
+            "" if saved["optimizer"] is not None else
+            f" from the light checkpoint {path} (the optimizer starts afresh: warmup of {self.config.warmup_steps} steps)"))
+
+    def warmup(self, step: int) -> float:
+        """The lr's linear warmup factor at `step`, counted from the step the optimizer started at."""
+        steps = self.config.warmup_steps
+        return min(1.0, (step - self.state.restarted + 1) / steps) if steps else 1.0
 
     def elapsed(self) -> float:
         return self.base_seconds + work_seconds(self.device) - self.started
@@ -264,18 +275,23 @@ class Run:
 
     def save(self) -> None:
         self.state.seconds = self.elapsed()
-        if self.rank == 0:
-            _atomic_save({"config": asdict(self.config), "head": self.head.state_dict(),
-                          "optimizer": self.optimizer.state_dict(), "scheduler": self.scheduler.state_dict(),
-                          "state": asdict(self.state)}, self.checkpoint)
+        if self.rank != 0:
+            return
+        saved = {"config": asdict(self.config), "head": self.head.state_dict(), "optimizer": self.optimizer.state_dict(),
+                 "scheduler": self.scheduler.state_dict(), "state": asdict(self.state)}
+        _atomic_save(saved, self.checkpoint)
+        if self.config.light_checkpoint:
+            head = {k: v.to(torch.bfloat16) if v.is_floating_point() else v for k, v in saved["head"].items()}
+            _atomic_save({**saved, "head": head, "optimizer": None,
+                          "state": {**saved["state"], "restarted": self.state.step}}, Path(self.config.light_checkpoint))
 
     def budget_step(self) -> tuple[float, bool]:
         """With a time budget: the lr of the coming step (warmup by steps, then linear decay to 0
         at the budget) and whether the budget is spent; rank 0 decides for all."""
         config = self.config
-        warm = min(1.0, (self.state.step + 1) / config.warmup_steps) if config.warmup_steps else 1.0
         left = 1 - self.training_seconds() / (config.budget_minutes * 60)
-        decision = torch.tensor([config.lr * warm * max(left, 0.0), float(left <= 0)], dtype=torch.float64)
+        decision = torch.tensor([config.lr * self.warmup(self.state.step) * max(left, 0.0), float(left <= 0)],
+                                dtype=torch.float64)
         if self.distributed:
             dist.broadcast(decision, 0)
         return float(decision[0]), bool(decision[1])
