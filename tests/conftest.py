@@ -111,11 +111,10 @@ def tiny_pair(family: str) -> tuple[torch.nn.Module, Decoder]:
 def sentencepiece_model() -> bytes:
     """A tiny sentencepiece model, as large as the tiny vocabulary: llama.cpp's converter takes it
     for most families (it needs the llama.cpp source, which brings sentencepiece)."""
-    import sentencepiece
-
     from eaglespec.models.llamacpp import source
 
     source()  # a one-line error naming the set-up step when the converter (or sentencepiece) is missing
+    import sentencepiece
     lines = [" ".join(f"word{i % 37} thing{i * 7 % 23} number {i}" for i in range(j, j + 12)) for j in range(300)]
     model = io.BytesIO()
     sentencepiece.SentencePieceTrainer.train(sentence_iterator=iter(lines), model_writer=model, model_type="bpe",
