@@ -210,7 +210,7 @@ def test_ctrl_c_during_the_epoch_evaluation_evaluates_again_on_resume(cfg, monke
     assert head["feature_seconds"] > 0 and head["eval_seconds"][-1] <= head["train_seconds"] + 1  # extraction timed
 
 
-def test_a_light_checkpoint_resumes_a_run_whose_folder_is_lost(cfg, tmp_path):
+def test_a_light_checkpoint_resumes_a_run_whose_folder_is_lost(cfg, tiny, tmp_path):
     whole = train(cfg("whole"), log=lambda m: None)
     light = tmp_path / "kept" / "run.pt"
     train(cfg("lost", max_steps=3, light_checkpoint=str(light)), log=lambda m: None)
@@ -227,6 +227,11 @@ def test_a_light_checkpoint_resumes_a_run_whose_folder_is_lost(cfg, tmp_path):
     assert resumed.history[4]["lr"] == pytest.approx(whole.history[4]["lr"])  # then the run's schedule
     assert resumed.history[3]["loss"] == pytest.approx(whole.history[3]["loss"], rel=0.05)  # from bf16 weights
     assert len(resumed.evals) == len(whole.evals)
+    head = load_head(cfg("lost").out + "/head", tiny).state_dict()
+    shutil.rmtree(cfg("lost").out)  # lost after the run ended: the same command writes its head again
+    assert train(cfg("lost", light_checkpoint=str(light)), log=lambda m: None).history == resumed.history
+    again = load_head(cfg("lost").out + "/head", tiny).state_dict()
+    assert all(torch.equal(head[k].to(torch.bfloat16), again[k].to(torch.bfloat16)) for k in head)
     with pytest.raises(InvalidArgumentError, match="made with other settings"):
         train(cfg("other", lr=2e-3, light_checkpoint=str(light)), log=lambda m: None)
 

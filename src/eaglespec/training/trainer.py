@@ -339,6 +339,8 @@ class Run:
             raise
         finally:
             bar.close()
+        if self.rank == 0 and not (self.out / "head" / "config.json").is_file():
+            self.write_head()  # a finished run resumed from its light checkpoint, its folder lost
         return state
 
     def step(self, order: torch.Tensor) -> None:
@@ -389,16 +391,21 @@ class Run:
         state.batch = 0
         state.finished = spent
         if self.rank == 0:
-            split = {k: self.train_set.manifest[k] for k in ("source", "max_len", "heldout_fraction", "seed")}
-            record = {"split": split, "train": asdict(config), "evals": state.evals,
-                      "eval_seconds": state.eval_seconds, "train_conversations": len(self.train_set),
-                      "train_seconds": round(self.elapsed()), "feature_seconds": round(self.train_set.seconds, 1)}
-            save_head(self.head, self.out / "head", config.model, record)
-            if available("matplotlib"):
-                plot_curves(state, self.out / "curves.png")
-            else:
-                self.log("curves.png not drawn (no matplotlib): pip install 'eaglespec[bench]' to draw it")
+            self.write_head()
         self.save()
+
+    def write_head(self) -> None:
+        """The head as it stands, with its record, to out/head, and the curves to out/curves.png."""
+        config, state = self.config, self.state
+        split = {k: self.train_set.manifest[k] for k in ("source", "max_len", "heldout_fraction", "seed")}
+        record = {"split": split, "train": asdict(config), "evals": state.evals,
+                  "eval_seconds": state.eval_seconds, "train_conversations": len(self.train_set),
+                  "train_seconds": round(self.elapsed()), "feature_seconds": round(self.train_set.seconds, 1)}
+        save_head(self.head, self.out / "head", config.model, record)
+        if available("matplotlib"):
+            plot_curves(state, self.out / "curves.png")
+        else:
+            self.log("curves.png not drawn (no matplotlib): pip install 'eaglespec[bench]' to draw it")
 
 
 def plot_curves(state: State, path: Path) -> None:
