@@ -242,8 +242,9 @@ class Run:
         return head
 
     def _resume(self) -> None:
-        light = self.config.light_checkpoint
-        path = self.checkpoint if self.checkpoint.is_file() or not light or not Path(light).is_file() else Path(light)
+        path, light = self.checkpoint, self.config.light_checkpoint
+        if not path.is_file() and light:
+            path = Path(light)
         if not path.is_file():
             return
         saved = torch.load(path, weights_only=False, map_location=self.device)
